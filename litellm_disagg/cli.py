@@ -1,0 +1,148 @@
+"""The ``litellm-disagg`` command.
+
+    litellm-disagg worker --role prefill|decode|both --model PATH_OR_NAME [--port N] [-- extra vLLM args]
+    litellm-disagg up [--model PATH] [--port 4000]        one prefill + one decode worker + the LiteLLM proxy
+    litellm-disagg prepare-model [--tiny] [--out DIR]     make a model offline (SmolLM2-135M-Instruct or a tiny one)
+    litellm-disagg workers [--registry-dir DIR]           list the workers discovery knows
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from litellm_disagg.runtime_config import WorkerRole
+from litellm_disagg.settings import FileRegistrySettings, default_registry_dir
+from litellm_disagg.version import __version__
+
+MIB = 1024 * 1024
+
+
+def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("worker", help="run one vLLM worker (prefill, decode or both) and register it")
+    p.add_argument("--role", required=True, choices=[r.value for r in WorkerRole])
+    p.add_argument("--model", required=True, help="model directory or name vLLM can load offline")
+    p.add_argument("--served-model-name", help="name clients use (default: the model directory's name)")
+    p.add_argument("--host", default="127.0.0.1", help="address vLLM listens on and publishes (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="vLLM HTTP port (default: a free one)")
+    p.add_argument("--nixl-host", help="NIXL side-channel host (default: --host)")
+    p.add_argument("--nixl-port", type=int, help="NIXL side-channel port, unique per worker on a host (default: free)")
+    p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--kv-cache-mib", type=int, help="KV cache size in MiB (default on CPU: 512)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1)
+    p.add_argument("--kv-events-port", type=int, help="publish vLLM KV events on this port (ZMQ)")
+    p.add_argument("--kv-load-failure-policy", choices=["recompute", "fail"], default="recompute")
+    p.add_argument("--worker-id", help="id in discovery (default: ROLE-HOST-PORT)")
+    p.add_argument("--registry-dir", default=None, help="file registry directory (default: $LITELLM_DISAGG_REGISTRY_DIR or ~/.cache/litellm-disagg/registry)")
+    p.add_argument("--heartbeat-interval", type=float, default=FileRegistrySettings().heartbeat_interval_s)
+    p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to wait for in-flight requests on shutdown")
+    p.add_argument("--drain-settle", type=float, default=3.0, help="seconds the engine must stay idle before leaving")
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: extra arguments for vLLM")
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from litellm_disagg.workers.file_registry import FileRegistry
+    from litellm_disagg.workers.vllm_command import VllmOptions, detect_device
+    from litellm_disagg.workers.wrapper import LifecycleOptions, WorkerWrapper, default_worker_id, free_port
+
+    role = WorkerRole(args.role)
+    device = detect_device() if args.device == "auto" else args.device
+    port = args.port or free_port(args.host)
+    nixl_host = args.nixl_host or args.host
+    kv_mib = args.kv_cache_mib if args.kv_cache_mib is not None else (512 if device == "cpu" else None)
+    extra = [a for a in args.vllm_args if a != "--"]
+    vllm = VllmOptions(
+        model=args.model,
+        served_model_name=args.served_model_name or Path(args.model.rstrip("/")).name,
+        role=role,
+        host=args.host,
+        port=port,
+        nixl_host=nixl_host,
+        nixl_port=args.nixl_port or free_port(nixl_host),
+        device=device,
+        max_model_len=args.max_model_len,
+        kv_cache_bytes=kv_mib * MIB if kv_mib is not None else None,
+        tensor_parallel_size=args.tensor_parallel_size,
+        kv_events_port=args.kv_events_port,
+        kv_load_failure_policy=args.kv_load_failure_policy,
+        extra_args=tuple(extra),
+    )
+    lifecycle = LifecycleOptions(
+        worker_id=args.worker_id or default_worker_id(role, port),
+        heartbeat_interval_s=args.heartbeat_interval,
+        drain_timeout_s=args.drain_timeout,
+        drain_settle_s=args.drain_settle,
+    )
+    registry = FileRegistry(args.registry_dir or default_registry_dir())
+    return asyncio.run(WorkerWrapper(vllm, lifecycle, registry).run())
+
+
+def _run_prepare(args: argparse.Namespace) -> int:
+    if args.tiny:
+        from litellm_disagg.models.tiny import make_tiny_llama
+
+        print(make_tiny_llama(args.out or Path.home() / ".cache" / "litellm-disagg" / "models" / "tiny-llama"))
+    else:
+        from litellm_disagg.models.smollm2 import prepare_smollm2
+
+        print(prepare_smollm2(args.out))
+    return 0
+
+
+def _run_workers(args: argparse.Namespace) -> int:
+    from litellm_disagg.workers.file_registry import FileRegistry
+
+    configs = asyncio.run(FileRegistry(args.registry_dir or default_registry_dir()).snapshot())
+    for config in configs:
+        print(json.dumps(config.model_dump(mode="json")))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="litellm-disagg", description="Disaggregated prefill/decode for the LiteLLM proxy")
+    parser.add_argument("--version", action="version", version=__version__)
+    parser.add_argument("--log-level", default=os.environ.get("LITELLM_DISAGG_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command", required=True)
+    _worker_parser(sub)
+
+    up = sub.add_parser("up", help="start a local disaggregated stack: a prefill and a decode worker and the proxy")
+    up.add_argument("--model", help="model directory (default: SmolLM2-135M-Instruct, prepared offline)")
+    up.add_argument("--served-model-name")
+    up.add_argument("--port", type=int, default=4000, help="LiteLLM proxy port (default 4000)")
+    up.add_argument("--host", default="127.0.0.1")
+    up.add_argument("--config", help="proxy config (default: ./proxy_config.yaml, else the one shipped with the project)")
+    up.add_argument("--kv-cache-mib", type=int, default=512)
+    up.add_argument("--max-model-len", type=int, default=2048)
+    up.add_argument("--registry-dir", help="file registry directory (default: a fresh one for this stack)")
+
+    prep = sub.add_parser("prepare-model", help="make a model offline and print its directory")
+    prep.add_argument("--tiny", action="store_true", help="a tiny random-weight Llama (for tests)")
+    prep.add_argument("--out", help="output directory (default: under ~/.cache/litellm-disagg/models)")
+
+    lst = sub.add_parser("workers", help="list the workers in the file registry")
+    lst.add_argument("--registry-dir")
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if args.command == "worker":
+        return _run_worker(args)
+    if args.command == "up":
+        from litellm_disagg.stack import run_stack
+
+        return run_stack(args)
+    if args.command == "prepare-model":
+        return _run_prepare(args)
+    if args.command == "workers":
+        return _run_workers(args)
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

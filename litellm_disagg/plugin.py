@@ -1,0 +1,109 @@
+"""The LiteLLM proxy callback. ``proxy_config.yaml`` loads it with::
+
+    litellm_settings:
+      callbacks: ["litellm_disagg.plugin.handler"]
+
+On load it waits for the proxy's router, reads the ``litellm_disagg:`` section of the same config file, and attaches
+a ``DisaggController`` to the router (following the proxy if it ever replaces its router). As a callback it also:
+
+- drops any client-supplied ``kv_transfer_params`` before the request reaches the router (the strategy drops it too);
+- records whether the call is a chat or a text completion, so the prefill uses the same endpoint as the decode;
+- tells the controller when a decode call ends, for its in-flight load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from litellm.integrations.custom_logger import CustomLogger
+
+from litellm_disagg.routing.controller import DisaggController
+from litellm_disagg.routing.request import record_call_type, strip_transfer_params
+from litellm_disagg.settings import DisaggSettings
+from litellm_disagg.workers.registry import Registry
+from litellm_disagg.workers.registry_factory import make_registry
+
+logger = logging.getLogger("litellm_disagg")
+
+ENV_CONFIG = "LITELLM_DISAGG_CONFIG"
+
+
+class DisaggPlugin(CustomLogger):
+    def __init__(self) -> None:
+        super().__init__()
+        self.controller: DisaggController | None = None
+        self._follower: asyncio.Task[None] | None = None
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return  # imported outside the proxy (tests, scripts): call attach() yourself
+        self._follower = asyncio.get_running_loop().create_task(self._follow_proxy(), name="litellm-disagg-follow")
+
+    async def attach(self, router: Any, settings: DisaggSettings, registry: Registry | None = None) -> DisaggController:
+        if self.controller is not None:
+            await self.controller.stop()
+        self.controller = DisaggController(router, settings, registry or make_registry(settings.registry))
+        await self.controller.start()
+        return self.controller
+
+    async def detach(self) -> None:
+        if self._follower is not None:
+            self._follower.cancel()
+            self._follower = None
+        if self.controller is not None:
+            await self.controller.stop()
+            self.controller = None
+
+    async def _follow_proxy(self) -> None:
+        from litellm.proxy import proxy_server
+
+        settings: DisaggSettings | None = None
+        while True:
+            router = proxy_server.llm_router
+            if router is not None and (self.controller is None or self.controller.router is not router):
+                try:
+                    settings = settings or load_settings(getattr(proxy_server, "user_config_file_path", None))
+                    await self.attach(router, settings)
+                    logger.info("litellm-disagg attached to the proxy's router (registry: %s)", settings.registry)
+                except Exception:
+                    logger.exception("litellm-disagg could not attach to the proxy's router; retrying")
+            await asyncio.sleep(0.2 if self.controller is None else 1.0)
+
+    # -- proxy hooks -------------------------------------------------------------------------------------------------
+
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any) -> dict[str, Any]:
+        found = strip_transfer_params(data)
+        if found:
+            logger.warning("dropped client-supplied %s", ", ".join(found))
+        record_call_type(data, str(call_type))
+        if self.controller is not None:
+            self.controller.keep_installed()
+        return data
+
+    async def async_log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self._finished(kwargs)
+
+    async def async_log_failure_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
+        self._finished(kwargs)
+
+    def _finished(self, kwargs: dict[str, Any]) -> None:
+        call_id = kwargs.get("litellm_call_id")
+        if self.controller is not None and isinstance(call_id, str):
+            self.controller.finished(call_id)
+
+
+def load_settings(config_path: str | None) -> DisaggSettings:
+    """The ``litellm_disagg:`` section of the proxy config (or of ``$LITELLM_DISAGG_CONFIG``); defaults without one."""
+    path = os.environ.get(ENV_CONFIG) or config_path
+    if not path or not Path(path).is_file():
+        return DisaggSettings()
+    with open(path) as f:
+        return DisaggSettings.from_proxy_config(yaml.safe_load(f))
+
+
+handler = DisaggPlugin()

@@ -1,0 +1,105 @@
+"""The controller: one per LiteLLM router. It wires discovery to routing and keeps both in step.
+
+    registry.watch() -> WorkerPool snapshot -> router deployments (reconcile)
+                                       \\-> strategy (picker -> orchestrator -> prefill) on each request
+
+It runs two background loops: the discovery watch (rebuilds the pool on every change) and a keeper that, every
+``sync_interval_s``, re-installs the strategy if LiteLLM reset it and re-applies the deployments if something else
+(the proxy's own config reconciliation) removed them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from litellm_disagg.routing import deployments
+from litellm_disagg.routing.load import InflightTracker
+from litellm_disagg.routing.orchestrator import Orchestrator
+from litellm_disagg.routing.picker import make_picker
+from litellm_disagg.routing.pool import WorkerPool
+from litellm_disagg.routing.strategy import DECODE_KEY_PREFIX, DisaggRoutingStrategy
+from litellm_disagg.settings import DisaggSettings
+from litellm_disagg.transfer.prefill import PrefillClient
+from litellm_disagg.workers.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+
+class DisaggController:
+    def __init__(self, router: Any, settings: DisaggSettings, registry: Registry):
+        self.router = router
+        self.settings = settings
+        self.registry = registry
+        self.pool = WorkerPool()
+        self.load = InflightTracker()
+        self.prefill_client = PrefillClient(
+            timeout_s=settings.prefill_timeout_s, connect_timeout_s=settings.prefill_connect_timeout_s
+        )
+        self.orchestrator = Orchestrator(
+            prefill_client=self.prefill_client,
+            picker=make_picker(settings.picker),
+            load=self.load,
+            max_attempts=settings.max_prefill_attempts,
+            aggregated_fallback=settings.aggregated_fallback,
+        )
+        self.strategy = DisaggRoutingStrategy(
+            router=router,
+            pool=lambda: self.pool,
+            picker=make_picker(settings.picker),
+            orchestrator=self.orchestrator,
+            load=self.load,
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self.pool_changed = asyncio.Event()
+
+    async def start(self) -> None:
+        self.keep_installed()
+        self._tasks = [asyncio.create_task(self._watch(), name="litellm-disagg-watch"),
+                       asyncio.create_task(self._keep(), name="litellm-disagg-keeper")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.registry.close()
+        await self.prefill_client.aclose()
+
+    def keep_installed(self) -> None:
+        if self.strategy.install():
+            logger.info("litellm-disagg routing strategy installed on the router")
+
+    def finished(self, call_id: str) -> None:
+        """A decode call ended (LiteLLM's success or failure event)."""
+        self.load.finish(DECODE_KEY_PREFIX + call_id)
+
+    def apply(self, pool: WorkerPool) -> None:
+        self.pool = pool
+        deployments.reconcile(self.router, deployments.desired_deployments(pool, self.settings.model_group))
+        self.pool_changed.set()
+
+    async def _watch(self) -> None:
+        while True:
+            try:
+                async for configs in self.registry.watch():
+                    self.apply(WorkerPool.of(configs))
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # discovery trouble must never take the proxy down: keep the last snapshot, retry
+                logger.exception("discovery watch failed; routing on the last known workers and retrying")
+                await asyncio.sleep(1.0)
+
+    async def _keep(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sync_interval_s)
+            try:
+                self.keep_installed()
+                deployments.reconcile(self.router, deployments.desired_deployments(self.pool, self.settings.model_group))
+            except Exception:
+                logger.exception("keeping the router in step failed; will retry")

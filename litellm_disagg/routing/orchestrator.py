@@ -1,0 +1,103 @@
+"""Orchestration of one request: pick a prefill worker, run the prefill, return what the decode call needs.
+
+Failure policy:
+
+- prefill 4xx: the request itself is bad; ``PrefillRejected`` propagates so the client gets the error as is;
+- prefill 5xx, timeout, connection error, unusable response: the next prefill worker, up to ``max_attempts``;
+- nothing left: aggregated (the decode worker computes the prompt itself), counted, unless that is turned off.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import Enum
+
+from prometheus_client import Counter
+
+from litellm_disagg.routing.load import InflightTracker
+from litellm_disagg.routing.picker import Picker
+from litellm_disagg.routing.pool import WorkerPool
+from litellm_disagg.routing.request import DisaggRequest
+from litellm_disagg.runtime_config import RuntimeConfig
+from litellm_disagg.transfer.prefill import PrefillClient, PrefillUnavailable
+from litellm_disagg.transfer.vllm import KVTransferParams, build_prefill_body
+
+logger = logging.getLogger(__name__)
+
+ROUTED = Counter("litellm_disagg_requests_total", "Requests routed, by mode", ["model", "mode"])
+PREFILL_FAILURES = Counter("litellm_disagg_prefill_failures_total", "Prefill attempts that failed over", ["worker_id"])
+
+
+class Mode(str, Enum):
+    DISAGGREGATED = "disaggregated"
+    AGGREGATED = "aggregated"
+
+
+class NoPrefillAvailable(Exception):
+    """Every prefill attempt failed (or none was possible) and aggregated fallback is turned off."""
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    mode: Mode
+    decode: RuntimeConfig
+    prefill_worker_id: str | None = None
+    transfer: KVTransferParams | None = None
+    reason: str = ""
+
+
+class Orchestrator:
+    def __init__(
+        self,
+        *,
+        prefill_client: PrefillClient,
+        picker: Picker,
+        load: InflightTracker,
+        max_attempts: int = 2,
+        aggregated_fallback: bool = True,
+    ):
+        self.prefill_client = prefill_client
+        self.picker = picker
+        self.load = load
+        self.max_attempts = max_attempts
+        self.aggregated_fallback = aggregated_fallback
+
+    async def plan(self, pool: WorkerPool, request: DisaggRequest, decode: RuntimeConfig) -> DecodePlan:
+        if not request.splittable:
+            return self._aggregated(decode, "request has several prompts or completions")
+        tried: list[str] = [decode.worker_id]  # a worker never prefills for itself: that is just aggregated serving
+        reason = "no prefill worker available"
+        for _ in range(self.max_attempts):
+            prefill = self.picker.pick(pool.prefill_candidates(decode.model, exclude=tried), self.load)
+            if prefill is None:
+                break
+            tried.append(prefill.worker_id)
+            body = build_prefill_body(request.endpoint, prefill.model, request.fields)
+            key = f"{request.request_id}:prefill"
+            self.load.start(key, prefill.worker_id)
+            try:
+                transfer = await self.prefill_client.prefill(
+                    worker_id=prefill.worker_id,
+                    base_url=prefill.base_url,
+                    endpoint=request.endpoint,
+                    body=body,
+                    request_id=request.request_id,
+                )
+            except PrefillUnavailable as exc:
+                PREFILL_FAILURES.labels(prefill.worker_id).inc()
+                logger.warning("request %s: %s; trying elsewhere", request.request_id, exc)
+                reason = str(exc)
+                continue
+            finally:
+                self.load.finish(key)
+            ROUTED.labels(decode.model, Mode.DISAGGREGATED.value).inc()
+            return DecodePlan(Mode.DISAGGREGATED, decode, prefill.worker_id, transfer)
+        if not self.aggregated_fallback:
+            raise NoPrefillAvailable(reason)
+        return self._aggregated(decode, reason)
+
+    def _aggregated(self, decode: RuntimeConfig, reason: str) -> DecodePlan:
+        ROUTED.labels(decode.model, Mode.AGGREGATED.value).inc()
+        logger.info("serving aggregated on %s: %s", decode.worker_id, reason)
+        return DecodePlan(Mode.AGGREGATED, decode, reason=reason)

@@ -1,0 +1,89 @@
+"""What the router needs to know about one client request, taken from LiteLLM's call arguments.
+
+Also the one place that removes client-supplied transfer metadata: a client must never choose which remote KV blocks
+a decode worker loads.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from litellm_disagg.transfer.vllm import Endpoint
+
+TRANSFER_KEYS = ("kv_transfer_params",)
+CALL_TYPE_KEY = "litellm_disagg_call_type"
+"""Key in the request's metadata where the proxy hook records the call type (chat or text completion)."""
+
+_TEXT_COMPLETION_CALL_TYPES = {"text_completion", "atext_completion"}
+
+
+def strip_transfer_params(data: dict[str, Any]) -> list[str]:
+    """Remove client-supplied transfer metadata from a request dict in place; returns where any was found."""
+    found: list[str] = []
+    for key in TRANSFER_KEYS:
+        if data.pop(key, None) is not None:
+            found.append(key)
+        extra_body = data.get("extra_body")
+        if isinstance(extra_body, dict) and extra_body.pop(key, None) is not None:
+            found.append(f"extra_body.{key}")
+    return found
+
+
+def record_call_type(data: dict[str, Any], call_type: str) -> None:
+    """Note the call type in the request's metadata (which LiteLLM never sends to a backend)."""
+    for key in ("metadata", "litellm_metadata"):
+        metadata = data.get(key)
+        if isinstance(metadata, dict):
+            metadata[CALL_TYPE_KEY] = call_type
+            return
+    data["metadata"] = {CALL_TYPE_KEY: call_type}
+
+
+def endpoint_of(request_kwargs: dict[str, Any]) -> Endpoint:
+    """Chat or text completion, as recorded by the proxy hook; else from the proxy's request URL; else chat."""
+    for key in ("metadata", "litellm_metadata"):
+        metadata = request_kwargs.get(key)
+        if isinstance(metadata, dict) and CALL_TYPE_KEY in metadata:
+            return Endpoint.COMPLETIONS if metadata[CALL_TYPE_KEY] in _TEXT_COMPLETION_CALL_TYPES else Endpoint.CHAT
+    proxy_request = request_kwargs.get("proxy_server_request")
+    if isinstance(proxy_request, dict):
+        url = str(proxy_request.get("url") or "").split("?", 1)[0].rstrip("/")
+        if url.endswith("/completions") and not url.endswith("/chat/completions"):
+            return Endpoint.COMPLETIONS
+    return Endpoint.CHAT
+
+
+@dataclass(frozen=True)
+class DisaggRequest:
+    """One request as the orchestrator sees it."""
+
+    endpoint: Endpoint
+    fields: dict[str, Any]
+    """The OpenAI request fields that define the prompt (``messages`` or ``prompt``, tools, template options)."""
+    request_id: str
+
+    @property
+    def splittable(self) -> bool:
+        """Whether this request can be prefilled remotely: exactly one prompt, one completion."""
+        if (self.fields.get("n") or 1) != 1:
+            return False
+        if self.endpoint is Endpoint.COMPLETIONS:
+            prompt = self.fields.get("prompt")
+            return isinstance(prompt, str) or (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) and bool(prompt))
+        return bool(self.fields.get("messages"))
+
+    @classmethod
+    def from_router_call(cls, *, messages: list[dict[str, Any]] | None, request_kwargs: dict[str, Any]) -> DisaggRequest:
+        endpoint = endpoint_of(request_kwargs)
+        fields = {k: v for k, v in request_kwargs.items() if not k.startswith("litellm") and k not in ("metadata", "proxy_server_request")}
+        if endpoint is Endpoint.COMPLETIONS:
+            # LiteLLM's router passes a text prompt to the selection as a single user message.
+            prompt = request_kwargs.get("prompt")
+            if prompt is None and messages:
+                prompt = messages[0].get("content")
+            fields["prompt"] = prompt
+        else:
+            fields["messages"] = messages if messages is not None else request_kwargs.get("messages")
+        return cls(endpoint=endpoint, fields=fields, request_id=f"disagg-{uuid.uuid4().hex}")

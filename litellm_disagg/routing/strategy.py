@@ -1,0 +1,120 @@
+"""The LiteLLM adapter: a ``CustomRoutingStrategyBase`` that runs the prefill and picks the decode deployment.
+
+It only translates between LiteLLM's call and our pipeline (pool snapshot -> picker -> orchestrator); the decisions
+live in those modules. Model groups that litellm-disagg does not manage are handed back to LiteLLM's own strategy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from litellm.types.router import CustomRoutingStrategyBase
+
+from litellm_disagg.routing.deployments import worker_id_of
+from litellm_disagg.routing.errors import client_error, unavailable
+from litellm_disagg.routing.load import InflightTracker
+from litellm_disagg.routing.orchestrator import Mode, NoPrefillAvailable, Orchestrator
+from litellm_disagg.routing.picker import Picker
+from litellm_disagg.routing.pool import WorkerPool
+from litellm_disagg.routing.request import DisaggRequest, strip_transfer_params
+from litellm_disagg.transfer.prefill import PrefillRejected
+
+logger = logging.getLogger(__name__)
+
+DECODE_KEY_PREFIX = "decode:"
+
+
+class DisaggRoutingStrategy(CustomRoutingStrategyBase):
+    def __init__(
+        self,
+        *,
+        router: Any,
+        pool: Callable[[], WorkerPool],
+        picker: Picker,
+        orchestrator: Orchestrator,
+        load: InflightTracker,
+    ):
+        self._router = router
+        self._pool = pool
+        self._picker = picker
+        self._orchestrator = orchestrator
+        self._load = load
+
+    # -- installation ------------------------------------------------------------------------------------------------
+
+    def install(self) -> bool:
+        """Install on the router unless already there. Returns True when it (re)installed."""
+        if self.installed():
+            return False
+        self._router.set_custom_routing_strategy(self)
+        return True
+
+    def installed(self) -> bool:
+        return self._router.__dict__.get("async_get_available_deployment") == self.async_get_available_deployment
+
+    # -- LiteLLM's interface -----------------------------------------------------------------------------------------
+
+    async def async_get_available_deployment(
+        self,
+        model: str,
+        messages: list[dict[str, Any]] | None = None,
+        input: str | list[Any] | None = None,
+        specific_deployment: bool | None = False,
+        request_kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        request_kwargs = request_kwargs if request_kwargs is not None else {}
+        # Whatever happens below, no client-supplied (or stale, on a retry) transfer metadata goes to a worker.
+        found = strip_transfer_params(request_kwargs)
+        if found:
+            logger.warning("dropped client-supplied %s for model %s", ", ".join(found), model)
+        healthy = await self._router.async_get_healthy_deployments(
+            model=model,
+            request_kwargs=request_kwargs,
+            messages=messages,
+            input=input,
+            specific_deployment=specific_deployment,
+        )
+        deployments = [healthy] if isinstance(healthy, dict) else list(healthy or [])
+        ours = {wid: d for d in deployments if (wid := worker_id_of(d)) is not None}
+        if not ours:
+            # Not a disaggregated model group: LiteLLM's own strategy decides.
+            return await type(self._router).async_get_available_deployment(
+                self._router,
+                model=model,
+                messages=messages,
+                input=input,
+                specific_deployment=specific_deployment,
+                request_kwargs=request_kwargs,
+            )
+        pool = self._pool()
+        candidates = [w for wid in ours if (w := pool.get(wid)) is not None and w.routable and w.role.can_decode]
+        decode = self._picker.pick(candidates, self._load)
+        if decode is None:
+            raise unavailable(f"no ready decode worker for model {model!r}", model)
+
+        request = DisaggRequest.from_router_call(messages=messages, request_kwargs=request_kwargs)
+        try:
+            plan = await self._orchestrator.plan(pool, request, decode)
+        except PrefillRejected as exc:
+            raise client_error(exc, model) from exc
+        except NoPrefillAvailable as exc:
+            raise unavailable(f"no prefill worker could serve model {model!r}: {exc}", model) from exc
+
+        if plan.mode is Mode.DISAGGREGATED and plan.transfer is not None:
+            request_kwargs["kv_transfer_params"] = plan.transfer.for_decode()
+        headers = dict(request_kwargs.get("extra_headers") or {})
+        headers["X-Request-Id"] = request.request_id
+        request_kwargs["extra_headers"] = headers
+        self._load.start(DECODE_KEY_PREFIX + _call_key(request_kwargs, request.request_id), decode.worker_id)
+        return ours[decode.worker_id]
+
+    def get_available_deployment(self, *args: Any, **kwargs: Any) -> Any:
+        """Synchronous calls (the proxy makes none for completions) get LiteLLM's own selection, aggregated."""
+        return type(self._router).get_available_deployment(self._router, *args, **kwargs)
+
+
+def _call_key(request_kwargs: dict[str, Any], fallback: str) -> str:
+    call_id = request_kwargs.get("litellm_call_id")
+    return call_id if isinstance(call_id, str) and call_id else fallback

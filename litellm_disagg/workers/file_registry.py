@@ -1,0 +1,149 @@
+"""The embedded registry: one JSON file per worker in a local directory. No server needed.
+
+Each file holds ``{"heartbeat_at": <unix time>, "config": <RuntimeConfig>}`` and is replaced atomically (write to a
+temporary file in the same directory, then rename), so a reader never sees half a file. Entries whose heartbeat is
+older than ``ttl_s`` are ignored (and swept by the next writer). Readers poll; ``watch`` notices a change within
+``poll_interval_s``. All file I/O runs in a thread so the event loop never blocks on the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from litellm_disagg.runtime_config import RuntimeConfig
+from litellm_disagg.workers.registry import RegistryError
+
+logger = logging.getLogger(__name__)
+
+_SUFFIX = ".worker.json"
+
+
+class FileRegistry:
+    """A ``Registry`` backed by a directory shared by the workers and routers of one machine."""
+
+    def __init__(self, directory: str | os.PathLike[str], *, ttl_s: float = 10.0, poll_interval_s: float = 0.25):
+        if ttl_s <= 0 or poll_interval_s <= 0:
+            raise ValueError("ttl_s and poll_interval_s must be positive")
+        self.directory = Path(directory)
+        self.ttl_s = ttl_s
+        self.poll_interval_s = poll_interval_s
+        self._published: dict[str, RuntimeConfig] = {}
+        self._closed = asyncio.Event()
+        self._warned: set[tuple[str, float]] = set()
+
+    # -- writer side -------------------------------------------------------------------------------------------------
+
+    async def publish(self, config: RuntimeConfig) -> None:
+        self._published[config.worker_id] = config
+        await asyncio.to_thread(self._write, config)
+
+    async def heartbeat(self, worker_id: str) -> None:
+        config = self._published.get(worker_id)
+        if config is None:
+            raise RegistryError(f"heartbeat for {worker_id!r}, which this registry did not publish")
+        await asyncio.to_thread(self._write, config)
+
+    async def withdraw(self, worker_id: str) -> None:
+        self._published.pop(worker_id, None)
+        await asyncio.to_thread(self._path(worker_id).unlink, missing_ok=True)
+
+    def _path(self, worker_id: str) -> Path:
+        return self.directory / f"{worker_id}{_SUFFIX}"
+
+    def _write(self, config: RuntimeConfig) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            record = {"heartbeat_at": time.time(), "config": config.model_dump(mode="json")}
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(record, f)
+                os.replace(tmp, self._path(config.worker_id))
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise RegistryError(f"cannot write to registry directory {self.directory}: {exc}") from exc
+
+    # -- reader side -------------------------------------------------------------------------------------------------
+
+    async def snapshot(self) -> list[RuntimeConfig]:
+        return await asyncio.to_thread(self._read_all)
+
+    def _read_all(self) -> list[RuntimeConfig]:
+        try:
+            paths = sorted(self.directory.glob(f"*{_SUFFIX}"))
+        except OSError as exc:
+            raise RegistryError(f"cannot list registry directory {self.directory}: {exc}") from exc
+        now = time.time()
+        live: dict[str, RuntimeConfig] = {}
+        for path in paths:
+            config = self._read_one(path, now)
+            if config is None:
+                continue
+            if config.worker_id in live:
+                self._warn_once(path, f"duplicate worker_id {config.worker_id!r}: skipped")
+                continue
+            live[config.worker_id] = config
+        return list(live.values())
+
+    def _read_one(self, path: Path, now: float) -> RuntimeConfig | None:
+        try:
+            stat = path.stat()
+            raw = path.read_text()
+        except FileNotFoundError:
+            return None  # withdrawn between listing and reading
+        except OSError as exc:
+            self._warn_once(path, f"unreadable: {exc}", stat_mtime=0.0)
+            return None
+        try:
+            record: Any = json.loads(raw)
+            heartbeat_at = record["heartbeat_at"]
+            if not isinstance(heartbeat_at, (int, float)) or isinstance(heartbeat_at, bool):
+                raise TypeError("heartbeat_at is not a number")
+            config = RuntimeConfig.model_validate(record["config"])
+        except (ValueError, KeyError, TypeError, ValidationError) as exc:
+            self._warn_once(path, f"invalid entry skipped: {_one_line(exc)}", stat_mtime=stat.st_mtime)
+            return None
+        if now - heartbeat_at > self.ttl_s:
+            return None
+        expected = path.name[: -len(_SUFFIX)]
+        if config.worker_id != expected:
+            self._warn_once(path, f"worker_id {config.worker_id!r} does not match file name: skipped", stat.st_mtime)
+            return None
+        return config
+
+    def _warn_once(self, path: Path, message: str, stat_mtime: float = 0.0) -> None:
+        key = (path.name, stat_mtime)
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning("registry %s: %s: %s", self.directory, path.name, message)
+
+    async def watch(self) -> AsyncIterator[list[RuntimeConfig]]:
+        last: list[RuntimeConfig] | None = None
+        while not self._closed.is_set():
+            current = await self.snapshot()
+            if current != last:
+                last = current
+                yield current
+            try:
+                await asyncio.wait_for(self._closed.wait(), timeout=self.poll_interval_s)
+            except TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        self._closed.set()
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]

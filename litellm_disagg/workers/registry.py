@@ -1,0 +1,38 @@
+"""The registry interface: where workers publish their RuntimeConfig and routers find them.
+
+Contract, shared by every backend (and checked by one contract test suite run against each):
+
+- ``publish(config)`` registers or replaces the entry for ``config.worker_id``; it is live until ``withdraw`` or until
+  the backend's liveness ends (a missed heartbeat TTL, a failing health check).
+- ``heartbeat(worker_id)`` keeps a published entry alive. Workers call it periodically.
+- ``withdraw(worker_id)`` removes the entry; withdrawing an unknown id is not an error.
+- ``snapshot()`` returns the live, valid entries. An entry that does not validate is skipped and logged once, never
+  raised: one broken worker must not take discovery down.
+- ``watch()`` yields a snapshot at once and then after every change, until the registry is closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol, runtime_checkable
+
+from litellm_disagg.runtime_config import RuntimeConfig
+
+
+class RegistryError(Exception):
+    """Discovery itself failed (unreachable backend, permission denied); distinct from a bad entry."""
+
+
+@runtime_checkable
+class Registry(Protocol):
+    async def publish(self, config: RuntimeConfig) -> None: ...
+
+    async def heartbeat(self, worker_id: str) -> None: ...
+
+    async def withdraw(self, worker_id: str) -> None: ...
+
+    async def snapshot(self) -> list[RuntimeConfig]: ...
+
+    def watch(self) -> AsyncIterator[list[RuntimeConfig]]: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,215 @@
+"""The worker wrapper: run one vLLM engine as a discoverable, drainable litellm-disagg worker.
+
+Lifecycle::
+
+    start vLLM ──> /health ok ──> probe engine ──> publish READY ──> heartbeat ...
+        │                                                        │
+        └─ vLLM exits: withdraw, print its last log lines, exit non-zero
+                                                                 └─ SIGTERM/SIGINT: publish DRAINING (routers send
+                                                                    nothing new), wait until the engine is idle and
+                                                                    settled (or the drain timeout), withdraw, stop vLLM
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+import httpx
+
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
+from litellm_disagg.workers import engine_probe
+from litellm_disagg.workers.registry import Registry, RegistryError
+from litellm_disagg.workers.vllm_command import VllmOptions, vllm_argv, vllm_env
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LifecycleOptions:
+    worker_id: str
+    heartbeat_interval_s: float = 2.0
+    ready_timeout_s: float = 600.0
+    drain_timeout_s: float = 120.0
+    drain_settle_s: float = 3.0
+    """How long the engine must stay idle (nothing running, waiting or finishing) before a drained worker leaves.
+    Covers requests routed just before routers saw the drain, and prefills whose KV a decode has yet to pull."""
+    stop_timeout_s: float = 30.0
+    log_tail_lines: int = 40
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def default_worker_id(role: WorkerRole, port: int) -> str:
+    host = socket.gethostname().split(".")[0] or "host"
+    return f"{role.value}-{host}-{port}"
+
+
+class WorkerWrapper:
+    def __init__(self, vllm: VllmOptions, lifecycle: LifecycleOptions, registry: Registry, *, log: TextIO = sys.stderr):
+        self.vllm = vllm
+        self.lifecycle = lifecycle
+        self.registry = registry
+        self.log = log
+        self.server_url = f"http://{vllm.host}:{vllm.port}"
+        self._tail: collections.deque[str] = collections.deque(maxlen=lifecycle.log_tail_lines)
+        self._stop = asyncio.Event()
+        self._proc: asyncio.subprocess.Process | None = None
+        self.config: RuntimeConfig | None = None
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Run until vLLM dies (non-zero) or a stop is requested and the drain completes (zero)."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.request_stop)
+        argv = vllm_argv(self.vllm)
+        logger.info("starting vLLM (%s): %s", self.vllm.role.value, " ".join(argv))
+        self._proc = await asyncio.create_subprocess_exec(
+            *argv,
+            env=vllm_env(self.vllm),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+        pump = asyncio.create_task(self._pump_logs())
+        try:
+            async with httpx.AsyncClient() as client:
+                return await self._lifecycle(client)
+        finally:
+            await self._stop_vllm()
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            await self.registry.close()
+
+    async def _lifecycle(self, client: httpx.AsyncClient) -> int:
+        if not await self._wait_ready(client):
+            return self._died("vLLM exited before it became ready") if self._exited() else (0 if self._stop.is_set() else self._died("vLLM did not become ready in time"))
+        facts = await engine_probe.engine_facts(client, self.server_url)
+        self.config = RuntimeConfig(
+            worker_id=self.lifecycle.worker_id,
+            model=self.vllm.served_model_name,
+            role=self.vllm.role,
+            base_url=f"{self.server_url}/v1",
+            nixl_host=self.vllm.nixl_host,
+            nixl_port=self.vllm.nixl_port,
+            kv_capacity_blocks=facts.kv_capacity_blocks,
+            block_size=facts.block_size,
+            kv_events_endpoint=self.vllm.kv_events_endpoint,
+            tensor_parallel_size=self.vllm.tensor_parallel_size,
+            state=WorkerState.READY,
+        )
+        await self.registry.publish(self.config)
+        logger.info("worker %s ready at %s (%d KV blocks of %d tokens)", self.config.worker_id, self.config.base_url,
+                    facts.kv_capacity_blocks, facts.block_size)
+        print(f"READY {self.config.worker_id} {self.config.base_url}", file=self.log, flush=True)
+        while not self._stop.is_set():
+            if self._exited():
+                await self._withdraw()
+                return self._died("vLLM exited")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=self.lifecycle.heartbeat_interval_s)
+            if not self._stop.is_set():
+                try:
+                    await self.registry.heartbeat(self.config.worker_id)
+                except RegistryError as exc:
+                    logger.warning("heartbeat failed (will retry): %s", exc)
+        await self._drain(client)
+        return 0
+
+    async def _wait_ready(self, client: httpx.AsyncClient) -> bool:
+        deadline = time.monotonic() + self.lifecycle.ready_timeout_s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if self._exited():
+                return False
+            if await engine_probe.healthy(client, self.server_url):
+                return True
+            await asyncio.sleep(0.5)
+        return False
+
+    async def _drain(self, client: httpx.AsyncClient) -> None:
+        assert self.config is not None
+        logger.info("draining %s", self.config.worker_id)
+        with contextlib.suppress(RegistryError):
+            await self.registry.publish(self.config.with_state(WorkerState.DRAINING))
+        deadline = time.monotonic() + self.lifecycle.drain_timeout_s
+        idle_since: float | None = None
+        last_finished: int | None = None
+        while time.monotonic() < deadline and not self._exited():
+            try:
+                load = await engine_probe.engine_load(client, self.server_url)
+            except engine_probe.ProbeError:
+                break
+            now = time.monotonic()
+            if not load.idle or load.finished != last_finished:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            last_finished = load.finished
+            if idle_since is not None and now - idle_since >= self.lifecycle.drain_settle_s:
+                break
+            await asyncio.sleep(0.25)
+        else:
+            if not self._exited():
+                logger.warning("drain timeout after %.0fs: stopping with requests still in flight", self.lifecycle.drain_timeout_s)
+        await self._withdraw()
+        logger.info("drained %s", self.config.worker_id)
+
+    async def _withdraw(self) -> None:
+        if self.config is not None:
+            try:
+                await self.registry.withdraw(self.config.worker_id)
+            except RegistryError as exc:
+                logger.warning("could not withdraw %s: %s", self.config.worker_id, exc)
+
+    def _exited(self) -> bool:
+        return self._proc is not None and self._proc.returncode is not None
+
+    def _died(self, why: str) -> int:
+        code = self._proc.returncode if self._proc is not None else None
+        print(f"litellm-disagg worker: {why} (exit code {code}). Last vLLM log lines:", file=self.log)
+        for line in self._tail:
+            print(f"  {line}", file=self.log)
+        self.log.flush()
+        return code if isinstance(code, int) and code > 0 else 1
+
+    async def _pump_logs(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        while True:
+            raw = await self._proc.stdout.readline()
+            if not raw:
+                break
+            line = raw.decode(errors="replace").rstrip()
+            self._tail.append(line)
+            print(line, file=self.log, flush=True)
+        await self._proc.wait()
+
+    async def _stop_vllm(self) -> None:
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            await asyncio.wait_for(proc.wait(), timeout=self.lifecycle.stop_timeout_s)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
