@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 from litellm_disagg.runtime_config import WorkerRole
-from litellm_disagg.settings import FileRegistrySettings, default_registry_dir
+from litellm_disagg.settings import FileRegistrySettings
+from litellm_disagg.workers.registry_cli import add_registry_args, registry_from_args
 from litellm_disagg.version import __version__
 
 MIB = 1024 * 1024
@@ -39,7 +40,7 @@ def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--kv-events-port", type=int, help="publish vLLM KV events on this port (ZMQ)")
     p.add_argument("--kv-load-failure-policy", choices=["recompute", "fail"], default="recompute")
     p.add_argument("--worker-id", help="id in discovery (default: ROLE-HOST-PORT)")
-    p.add_argument("--registry-dir", default=None, help="file registry directory (default: $LITELLM_DISAGG_REGISTRY_DIR or ~/.cache/litellm-disagg/registry)")
+    add_registry_args(p)
     p.add_argument("--heartbeat-interval", type=float, default=FileRegistrySettings().heartbeat_interval_s)
     p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to wait for in-flight requests on shutdown")
     p.add_argument("--drain-settle", type=float, default=3.0, help="seconds the engine must stay idle before leaving")
@@ -47,7 +48,6 @@ def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
 
 
 def _run_worker(args: argparse.Namespace) -> int:
-    from litellm_disagg.workers.file_registry import FileRegistry
     from litellm_disagg.workers.vllm_command import VllmOptions, detect_device
     from litellm_disagg.workers.wrapper import LifecycleOptions, WorkerWrapper, default_worker_id, free_port
 
@@ -79,8 +79,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         drain_settle_s=args.drain_settle,
     )
-    registry = FileRegistry(args.registry_dir or default_registry_dir())
-    return asyncio.run(WorkerWrapper(vllm, lifecycle, registry).run())
+    return asyncio.run(WorkerWrapper(vllm, lifecycle, registry_from_args(args)).run())
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
@@ -96,9 +95,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
 
 def _run_workers(args: argparse.Namespace) -> int:
-    from litellm_disagg.workers.file_registry import FileRegistry
-
-    configs = asyncio.run(FileRegistry(args.registry_dir or default_registry_dir()).snapshot())
+    configs = asyncio.run(registry_from_args(args).snapshot())
     for config in configs:
         print(json.dumps(config.model_dump(mode="json")))
     return 0
@@ -125,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     prep.add_argument("--tiny", action="store_true", help="a tiny random-weight Llama (for tests)")
     prep.add_argument("--out", help="output directory (default: under ~/.cache/litellm-disagg/models)")
 
-    lst = sub.add_parser("workers", help="list the workers in the file registry")
-    lst.add_argument("--registry-dir")
+    lst = sub.add_parser("workers", help="list the workers discovery knows")
+    add_registry_args(lst)
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

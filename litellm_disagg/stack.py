@@ -1,0 +1,141 @@
+"""``litellm-disagg up``: a local disaggregated stack on one machine.
+
+One prefill worker, one decode worker (each a ``litellm-disagg worker`` process running vLLM) and the LiteLLM proxy
+with ``proxy_config.yaml``, sharing a fresh file registry. Prints the base URL, the key and an OpenAI SDK example;
+stops everything (workers drain) on Ctrl-C or SIGTERM, or when any part dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import httpx
+
+from litellm_disagg.processes import spawn, stop, wait_until
+from litellm_disagg.settings import ENV_REGISTRY_DIR
+
+STATE_DIR = Path.home() / ".cache" / "litellm-disagg"
+
+
+def find_proxy_config(explicit: str | None) -> Path:
+    candidates = [Path(explicit)] if explicit else [Path.cwd() / "proxy_config.yaml", Path(__file__).resolve().parent.parent / "proxy_config.yaml"]
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise SystemExit(f"no proxy config found (looked at {', '.join(map(str, candidates))}); pass --config")
+
+
+def proxy_ready(base: str, key: str, model: str) -> bool:
+    try:
+        r = httpx.get(f"{base}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=2.0)
+        return r.status_code == 200 and any(m.get("id") == model for m in r.json().get("data", []))
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+def run_stack(args: argparse.Namespace) -> int:
+    if args.model:
+        model_dir = args.model
+    else:
+        from litellm_disagg.models.smollm2 import prepare_smollm2
+
+        print("preparing SmolLM2-135M-Instruct (offline, once)...", flush=True)
+        model_dir = str(prepare_smollm2())
+    served = args.served_model_name or Path(model_dir.rstrip("/")).name
+    config = find_proxy_config(args.config)
+    key = os.environ.get("LITELLM_MASTER_KEY") or f"sk-{secrets.token_urlsafe(24)}"
+    logs = Path(tempfile.mkdtemp(prefix="up-", dir=_mkdir(STATE_DIR / "runs")))
+    registry = args.registry_dir or str(logs / "registry")
+
+    env = dict(os.environ)
+    env[ENV_REGISTRY_DIR] = registry
+    env["LITELLM_MASTER_KEY"] = key
+    env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    worker_env = dict(env)
+    worker_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
+
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        for role in ("prefill", "decode"):
+            procs[role] = spawn(
+                [sys.executable, "-m", "litellm_disagg.cli", "worker", "--role", role, "--model", model_dir,
+                 "--served-model-name", served, "--host", args.host, "--kv-cache-mib", str(args.kv_cache_mib),
+                 "--max-model-len", str(args.max_model_len), "--registry-dir", registry],
+                env=worker_env, log=logs / f"{role}.log",
+            )
+        procs["proxy"] = spawn(
+            [sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(config), "--host", args.host, "--port", str(args.port)],
+            env=env, log=logs / "proxy.log",
+        )
+        base = f"http://{args.host}:{args.port}"
+        print(f"starting workers and the proxy (logs in {logs}); this takes about a minute on CPU...", flush=True)
+        wait_until(lambda: proxy_ready(base, key, served) or stopping.is_set(), timeout_s=900, interval_s=1.0,
+                   alive=lambda: all(p.poll() is None for p in procs.values()), what="the stack")
+        if stopping.is_set():
+            return 0
+        _wait_both_roles(registry, served, stopping, procs)
+        print(_banner(base, key, served), flush=True)
+        while not stopping.wait(1.0):
+            dead = [name for name, p in procs.items() if p.poll() is not None]
+            if dead:
+                print(f"{', '.join(dead)} exited; stopping the stack (logs in {logs})", file=sys.stderr)
+                return 1
+        return 0
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"the stack did not start: {exc}; logs in {logs}", file=sys.stderr)
+        return 1
+    finally:
+        print("stopping: proxy first, then the workers drain...", flush=True)
+        if "proxy" in procs:
+            stop(procs.pop("proxy"), timeout_s=20)
+        for proc in procs.values():
+            stop(proc, timeout_s=180)
+
+
+def _wait_both_roles(registry: str, served: str, stopping: threading.Event, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    import asyncio
+
+    from litellm_disagg.workers.file_registry import FileRegistry
+
+    def both_ready() -> bool:
+        roles = {c.role.value for c in asyncio.run(FileRegistry(registry).snapshot()) if c.model == served and c.routable}
+        return {"prefill", "decode"} <= roles or stopping.is_set()
+
+    wait_until(both_ready, timeout_s=900, interval_s=1.0, alive=lambda: all(p.poll() is None for p in procs.values()), what="both workers")
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _banner(base: str, key: str, model: str) -> str:
+    return f"""
+litellm-disagg is up: prefill and decode workers behind the LiteLLM proxy.
+
+  base URL : {base}/v1
+  API key  : {key}
+  model    : {model}
+
+  from openai import OpenAI
+  client = OpenAI(base_url="{base}/v1", api_key="{key}")
+  reply = client.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "What is the capital of France?"}}])
+  print(reply.choices[0].message.content)
+
+Ctrl-C stops everything.
+"""

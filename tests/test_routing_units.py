@@ -1,0 +1,73 @@
+"""Pickers, the in-flight tracker, the pool and the deployment reconciliation, as units."""
+
+import litellm
+import pytest
+
+from litellm_disagg.routing import deployments
+from litellm_disagg.routing.load import InflightTracker
+from litellm_disagg.routing.picker import LeastInflightPicker, RoundRobinPicker, make_picker
+from litellm_disagg.routing.pool import WorkerPool
+from litellm_disagg.runtime_config import RuntimeConfig
+
+from .test_runtime_config import VALID
+
+
+def w(worker_id, role="decode", state="ready", model="tiny", port=8100):
+    return RuntimeConfig.model_validate(VALID | {"worker_id": worker_id, "role": role, "state": state, "model": model, "base_url": f"http://127.0.0.1:{port}/v1"})
+
+
+def test_pool_candidates_by_role_state_and_model():
+    pool = WorkerPool.of([w("p1", "prefill"), w("p2", "prefill", "draining"), w("b1", "both"), w("d1"), w("d2", model="other")])
+    assert [x.worker_id for x in pool.prefill_candidates("tiny")] == ["b1", "p1"]
+    assert [x.worker_id for x in pool.prefill_candidates("tiny", exclude=["b1"])] == ["p1"]
+    assert [x.worker_id for x in pool.decode_candidates("tiny")] == ["b1", "d1"]
+    assert pool.get("d2").model == "other" and pool.get("nope") is None
+
+
+def test_least_inflight_prefers_idle_and_rotates_ties():
+    load = InflightTracker()
+    a, b, c = w("a"), w("b"), w("c")
+    picker = LeastInflightPicker()
+    load.start("r1", "a")
+    picks = [picker.pick([a, b, c], load).worker_id for _ in range(4)]
+    assert "a" not in picks and set(picks) == {"b", "c"}
+    load.finish("r1")
+    assert picker.pick([], load) is None
+
+
+def test_round_robin_cycles():
+    picker = RoundRobinPicker()
+    ws = [w("a"), w("b")]
+    assert [picker.pick(ws, InflightTracker()).worker_id for _ in range(4)] == ["a", "b", "a", "b"]
+    with pytest.raises(ValueError):
+        make_picker("nope")
+
+
+def test_inflight_entries_expire_and_replace():
+    load = InflightTracker(max_age_s=0.0)
+    load.start("k", "a")
+    assert load.count("a") == 0  # expired at once
+    load = InflightTracker()
+    load.start("k", "a")
+    load.start("k", "b")  # the same key moved: counted once, on b
+    assert (load.count("a"), load.count("b")) == (0, 1)
+    load.finish("k")
+    load.finish("k")
+    assert load.count("b") == 0
+
+
+def test_reconcile_adds_updates_and_removes_only_its_own_deployments():
+    router = litellm.Router(model_list=[{"model_name": "hand", "litellm_params": {"model": "openai/x", "api_key": "k"}, "model_info": {"id": "hand-1"}}])
+    pool = WorkerPool.of([w("d1", port=8101), w("p1", "prefill", port=8102), w("d2", "decode", "draining", port=8103)])
+    added, removed = deployments.reconcile(router, deployments.desired_deployments(pool, lambda m: f"group-{m}"))
+    assert added == ["litellm-disagg/d1"] and removed == []
+    dep = router.get_deployment(model_id="litellm-disagg/d1")
+    assert dep.model_name == "group-tiny" and dep.litellm_params.api_base == "http://127.0.0.1:8101/v1"
+    assert dep.litellm_params.model == "hosted_vllm/tiny"
+    # Unchanged: nothing to do. Moved: updated. Gone: removed. The hand-made deployment stays.
+    assert deployments.reconcile(router, deployments.desired_deployments(pool, lambda m: f"group-{m}")) == ([], [])
+    moved = WorkerPool.of([w("d1", port=9999)])
+    assert deployments.reconcile(router, deployments.desired_deployments(moved, lambda m: f"group-{m}"))[0] == ["litellm-disagg/d1"]
+    assert router.get_deployment(model_id="litellm-disagg/d1").litellm_params.api_base == "http://127.0.0.1:9999/v1"
+    assert deployments.reconcile(router, {}) == ([], ["litellm-disagg/d1"])
+    assert router.get_model_ids() == ["hand-1"]
