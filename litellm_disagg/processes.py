@@ -32,10 +32,25 @@ def stop(proc: subprocess.Popen[bytes], *, timeout_s: float = 60.0, sig: int = s
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    # Reap anything left in the group (e.g. vLLM's engine core after its parent died).
+    # Anything left in the group (e.g. vLLM's engine core after its parent died).
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)
     return proc.returncode
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (a crash, as tests simulate it)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        family = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for proc in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(family, timeout=10)
 
 
 def wait_until(check: Callable[[], bool], *, timeout_s: float, interval_s: float = 0.5, alive: Callable[[], bool] = lambda: True, what: str = "condition") -> None:

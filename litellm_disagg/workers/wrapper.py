@@ -47,6 +47,16 @@ class LifecycleOptions:
     log_tail_lines: int = 40
 
 
+def _die_with_parent() -> None:
+    """In the vLLM child: get SIGTERM if the wrapper dies (even by SIGKILL), so no engine is left unregistered."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
@@ -87,6 +97,7 @@ class WorkerWrapper:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         pump = asyncio.create_task(self._pump_logs())
         try:

@@ -1,0 +1,294 @@
+"""The simulated engine: the scheduler driven in (scaled) real time, KV pulls between engines, event publishing.
+
+Lifecycle: ``start()`` registers the engine in the directory and starts its step loop; ``stop()`` ends it cleanly
+(requests still in flight end with ``EngineDead``); ``crash()`` does the same at once, as a dead process would.
+
+The step loop: ``schedule`` -> sleep the step's simulated time / speedup -> ``complete`` -> hand new tokens to the
+request streams -> publish the step's KV events. Sleeps aim at deadlines, so the loop's own overhead does not add up
+(it may fall behind by at most ``MAX_LAG_S`` when the machine is busy). Idle, it waits for new work or the next
+lease expiry.
+
+A decode request with ``remote`` KV is pulled by a task of its own (``_pull``): find the prefill engine in the
+directory, check its lease (same prompt tokens), wait the transfer time, check again (it may have crashed or let the
+lease expire meanwhile), release the lease; any failure means the decode computes the prompt itself and
+``nixl_failed_transfers`` counts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from litellm_disagg.runtime_config import WorkerRole
+from litellm_disagg.sim.directory import DIRECTORY, EngineDirectory
+from litellm_disagg.sim.kv_cache import BlockPool
+from litellm_disagg.sim.kv_events import KVEvent
+from litellm_disagg.sim.publisher import KVEventPublisher
+from litellm_disagg.sim.request import FinishReason, Lease, RemotePrefill, SimRequest
+from litellm_disagg.sim.scheduler import RequestOutput, Scheduler
+from litellm_disagg.sim.settings import SimSettings
+from litellm_disagg.sim.stats import EngineStats
+from litellm_disagg.sim.timing import TimingModel
+
+logger = logging.getLogger(__name__)
+
+MAX_LAG_S = 0.05
+
+
+class EngineDead(Exception):
+    """The engine stopped or crashed while the request was in flight."""
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of one request."""
+
+    token_ids: list[int]
+    finished: bool = False
+    finish_reason: FinishReason | None = None
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+class RequestStream:
+    """The output of one request, as the engine produces it. Iterate it; ``abort()`` if the caller goes away."""
+
+    def __init__(self, engine: SimEngine, request: SimRequest):
+        self.engine = engine
+        self.request = request
+        self._queue: asyncio.Queue[Delta | BaseException] = asyncio.Queue()
+
+    def _put(self, item: Delta | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    async def __aiter__(self) -> AsyncIterator[Delta]:
+        while True:
+            item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+            if item.finished:
+                return
+
+    def abort(self) -> None:
+        self.engine.abort(self.request.request_id)
+
+
+class SimEngine:
+    def __init__(self, settings: SimSettings, role: WorkerRole, *, engine_id: str | None = None,
+                 nixl_host: str = "127.0.0.1", nixl_port: int = 1, directory: EngineDirectory = DIRECTORY,
+                 publisher: KVEventPublisher | None = None):
+        self.settings = settings
+        self.role = role
+        self.engine_id = engine_id or str(uuid.uuid4())
+        self.nixl_host = nixl_host
+        self.nixl_port = nixl_port
+        self.directory = directory
+        self.publisher = publisher
+        self.timing = TimingModel(settings.timing)
+        self.stats = EngineStats()
+        self._events: list[KVEvent] = []
+        cfg = settings.engine
+        self.pool = BlockPool(cfg.num_gpu_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching,
+                              on_event=self._events.append if publisher is not None else None)
+        self.scheduler = Scheduler(cfg, self.pool, self.stats, hold_for_remote_decode=role.can_prefill,
+                                   pull_remote_kv=role.can_decode)
+        self._streams: dict[str, RequestStream] = {}
+        self._pulls: dict[str, asyncio.Task[None]] = {}
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._ids = 0
+        self.alive = False
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._loop_task is not None:
+            raise RuntimeError("engine already started")
+        self.directory.register(self)
+        self.alive = True
+        self._loop_task = asyncio.create_task(self._run(), name=f"sim-engine-{self.engine_id}")
+
+    async def stop(self) -> None:
+        self._shutdown(EngineDead("engine stopped"))
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+        for task in list(self._pulls.values()):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.publisher is not None:
+            self.publisher.close()
+
+    def crash(self) -> None:
+        """Die at once: gone from the directory (held KV lost), every request in flight fails."""
+        self._shutdown(EngineDead("engine crashed"))
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        if self.publisher is not None:
+            self.publisher.close()
+
+    def _shutdown(self, why: EngineDead) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        self.directory.unregister(self.engine_id)
+        for task in self._pulls.values():
+            task.cancel()
+        for stream in self._streams.values():
+            stream._put(why)
+        self._streams.clear()
+
+    # -- requests ----------------------------------------------------------------------------------------------------
+
+    def new_request_id(self, base: str) -> str:
+        """A unique internal id for a request whose client-visible id is ``base`` (clients may reuse ids)."""
+        self._ids += 1
+        return f"{base}-{self._ids}"
+
+    def add_request(self, request: SimRequest) -> RequestStream:
+        if not self.alive:
+            raise EngineDead("engine is not running")
+        self.scheduler.add(request)
+        stream = RequestStream(self, request)
+        self._streams[request.request_id] = stream
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        req = self.scheduler.abort(request_id)
+        pull = self._pulls.pop(request_id, None)
+        if pull is not None:
+            pull.cancel()
+        if req is not None and stream is not None:
+            stream._put(Delta([], finished=True, finish_reason="abort"))
+        self._wake.set()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued, running or pulling, and no prefill's blocks held for a decode."""
+        return self.scheduler.idle and not self.scheduler.leases
+
+    # -- KV source (what decode engines call through the directory) ---------------------------------------------------
+
+    def kv_lease(self, request_id: str) -> Lease | None:
+        return self.scheduler.lease(request_id) if self.alive else None
+
+    def release_kv_lease(self, request_id: str) -> None:
+        if self.scheduler.release_lease(request_id):
+            self._wake.set()
+
+    def transfer_params(self, lease: Lease) -> dict[str, Any]:
+        """The ``kv_transfer_params`` of a finished prefill, shaped like vLLM's NixlConnector's."""
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": [list(lease.block_ids)],
+            "remote_engine_id": self.engine_id,
+            "remote_request_id": lease.request_id,
+            "remote_host": self.nixl_host,
+            "remote_port": self.nixl_port,
+            "tp_size": 1,
+            "dcp_size": 1,
+            "pp_size": 1,
+            "remote_num_tokens": len(lease.token_ids),
+            "remote_blocks_expiry_time": None,
+            "transfer_mode": "pull",
+        }
+
+    # -- the step loop -----------------------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        while True:
+            now = loop.time()
+            if self.scheduler.expire_leases(now):
+                self._flush_events()
+            step = self.scheduler.schedule()
+            for req in step.transfers:
+                self._pulls[req.request_id] = asyncio.create_task(self._pull(req), name=f"sim-pull-{req.request_id}")
+            work = step.work
+            if work.empty:
+                self._flush_events()
+                self._wake.clear()
+                expiry = self.scheduler.next_lease_expiry()
+                timeout = None if expiry is None else max(expiry - loop.time(), 0.0) + 0.001
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                deadline = loop.time()
+                continue
+            duration = self.timing.step_time(work)
+            self.stats.simulated_busy_s += duration
+            deadline = max(deadline, loop.time() - MAX_LAG_S) + self.timing.wall(duration)
+            await asyncio.sleep(max(deadline - loop.time(), 0.0))
+            self._deliver(self.scheduler.complete(step, loop.time()))
+            self._flush_events()
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            rid = out.request.request_id
+            stream = self._streams.get(rid)
+            params = self.transfer_params(out.lease) if out.lease is not None else None
+            if out.finished:
+                self._streams.pop(rid, None)
+            if stream is None:
+                if out.lease is not None:
+                    self.scheduler.release_lease(rid)  # nobody will hand these params to a decode
+                continue
+            reason = out.request.finish_reason if out.finished else None
+            stream._put(Delta(out.new_token_ids, out.finished, reason, params))
+
+    def _flush_events(self) -> None:
+        if self._events and self.publisher is not None:
+            self.publisher.publish(self._events)
+        self._events.clear()
+
+    async def _pull(self, req: SimRequest) -> None:
+        remote = req.remote
+        assert remote is not None
+        ok = False
+        source = None
+        try:
+            source = self.directory.get(remote.engine_id)
+            lease = source.kv_lease(remote.request_id) if source is not None else None
+            if source is not None and lease is not None and self._lease_matches(lease, req, remote):
+                num_tokens = req.num_prompt_tokens - req.num_local_hit_tokens
+                simulated = self.timing.transfer_time(num_tokens)
+                await asyncio.sleep(self.timing.wall(simulated))
+                if self.directory.get(remote.engine_id) is source and source.kv_lease(remote.request_id) is lease:
+                    ok = True
+                    self.stats.nixl_transfers += 1
+                    self.stats.nixl_bytes_transferred += self.timing.transfer_bytes(num_tokens)
+                    self.stats.nixl_xfer_time.observe(simulated)
+            elif source is not None and lease is not None:
+                logger.warning("request %s: remote KV %s does not match its prompt", req.request_id, remote.request_id)
+        except asyncio.CancelledError:
+            # Aborted here, or this engine died: tell the prefill to free its blocks, as vLLM's decode does.
+            if source is not None and self.directory.get(remote.engine_id) is source:
+                source.release_kv_lease(remote.request_id)
+            raise
+        finally:
+            self._pulls.pop(req.request_id, None)
+        if source is not None and self.directory.get(remote.engine_id) is source:
+            source.release_kv_lease(remote.request_id)
+        if ok:
+            self.scheduler.remote_kv_loaded(req.request_id)
+        else:
+            self.stats.nixl_failed_transfers += 1
+            logger.info("request %s: KV pull from engine %s failed; recomputing the prompt", req.request_id,
+                        remote.engine_id)
+            self.scheduler.remote_kv_failed(req.request_id)
+        self._wake.set()
+
+    @staticmethod
+    def _lease_matches(lease: Lease, req: SimRequest, remote: RemotePrefill) -> bool:
+        if lease.token_ids != tuple(req.prompt_token_ids):
+            return False
+        return remote.block_ids is None or tuple(remote.block_ids) == tuple(lease.block_ids)

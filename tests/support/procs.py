@@ -1,0 +1,139 @@
+"""Real processes for end-to-end tests: vLLM workers through ``litellm-disagg worker``, and the LiteLLM proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from litellm_disagg.processes import kill_tree, spawn, stop, wait_until
+from litellm_disagg.runtime_config import RuntimeConfig
+from litellm_disagg.workers.file_registry import FileRegistry
+
+from .net import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+MASTER_KEY = "sk-test-master-key"
+
+
+def registered(registry_dir: Path, worker_id: str) -> RuntimeConfig | None:
+    for config in asyncio.run(FileRegistry(registry_dir).snapshot()):
+        if config.worker_id == worker_id:
+            return config
+    return None
+
+
+def log_tail(path: Path, lines: int = 60) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+@dataclass
+class WorkerProc:
+    role: str
+    model_dir: Path
+    registry_dir: Path
+    log_dir: Path
+    served_name: str = "tiny"
+    kv_cache_mib: int = 64
+    extra: list[str] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def worker_id(self) -> str:
+        return f"{self.role}-{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.log_dir / f"{self.worker_id}.log"
+
+    def start(self) -> WorkerProc:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        argv = [sys.executable, "-m", "litellm_disagg.cli", "worker", "--role", self.role, "--model", str(self.model_dir),
+                "--served-model-name", self.served_name, "--port", str(self.port), "--worker-id", self.worker_id,
+                "--registry-dir", str(self.registry_dir), "--kv-cache-mib", str(self.kv_cache_mib), "--max-model-len", "1024",
+                "--heartbeat-interval", "1", "--drain-settle", "1.5", "--", "--max-num-seqs", "8", *self.extra]
+        self.proc = spawn(argv, env=env, log=self.log)
+        return self
+
+    def wait_ready(self, timeout_s: float = 240) -> RuntimeConfig:
+        assert self.proc is not None
+        try:
+            wait_until(lambda: registered(self.registry_dir, self.worker_id) is not None, timeout_s=timeout_s,
+                       alive=lambda: self.proc is not None and self.proc.poll() is None, what=f"{self.worker_id} to register")
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"{exc}\n--- {self.log} ---\n{log_tail(self.log)}") from exc
+        config = registered(self.registry_dir, self.worker_id)
+        assert config is not None
+        return config
+
+    def terminate(self, timeout_s: float = 120) -> int | None:
+        """SIGTERM: the wrapper drains, withdraws and stops vLLM."""
+        if self.proc is None:
+            return None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        finally:
+            self.kill()
+
+    def kill(self) -> None:
+        """A crash: SIGKILL the wrapper and vLLM, no drain, no withdraw."""
+        if self.proc is not None:
+            kill_tree(self.proc.pid)
+            stop(self.proc, timeout_s=5)
+
+
+@dataclass
+class ProxyProc:
+    registry_dir: Path
+    log_dir: Path
+    config: Path = ROOT / "proxy_config.yaml"
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.log_dir / "proxy.log"
+
+    def start(self) -> ProxyProc:
+        env = dict(os.environ, LITELLM_MASTER_KEY=MASTER_KEY, LITELLM_LOCAL_MODEL_COST_MAP="True",
+                   LITELLM_DISAGG_REGISTRY_DIR=str(self.registry_dir), LITELLM_DISAGG_LOG_LEVEL="INFO")
+        argv = [sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(self.config), "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = spawn(argv, env=env, log=self.log, cwd=str(ROOT))
+        return self
+
+    def models(self) -> list[str]:
+        try:
+            r = httpx.get(f"{self.url}/v1/models", headers={"Authorization": f"Bearer {MASTER_KEY}"}, timeout=3)
+            return [m["id"] for m in r.json().get("data", [])] if r.status_code == 200 else []
+        except (httpx.HTTPError, ValueError):
+            return []
+
+    def wait_ready(self, model: str, timeout_s: float = 120) -> None:
+        try:
+            wait_until(lambda: model in self.models(), timeout_s=timeout_s,
+                       alive=lambda: self.proc is not None and self.proc.poll() is None, what="the proxy to list the model")
+        except (RuntimeError, TimeoutError) as exc:
+            raise RuntimeError(f"{exc}\n--- {self.log} ---\n{log_tail(self.log)}") from exc
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc, timeout_s=15)

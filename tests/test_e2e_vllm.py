@@ -1,0 +1,170 @@
+"""End to end with real processes: vLLM prefill and decode workers (CPU, NIXL), the LiteLLM proxy started with the
+shipped ``proxy_config.yaml``, and the unchanged OpenAI SDK. Tests run in file order and share one stack."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import httpx
+import openai
+import pytest
+
+from litellm_disagg.processes import wait_until
+
+from .support.net import metric
+from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, registered
+
+pytestmark = pytest.mark.vllm
+
+CHAT = [{"role": "user", "content": "Tell me about disaggregated serving. " * 12}]
+PROMPT = "def fibonacci(n):\n    " * 25
+EXTERNAL = "vllm:prompt_tokens_by_source_total"
+
+
+class Stack:
+    def __init__(self, tiny_model, tmp_path_factory):
+        base = tmp_path_factory.mktemp("e2e")
+        self.model = tiny_model
+        self.registry = base / "registry"
+        self.logs = base
+        self.prefill = WorkerProc("prefill", tiny_model, self.registry, base)
+        self.decode = WorkerProc("decode", tiny_model, self.registry, base)
+        self.proxy = ProxyProc(self.registry, base)
+        self.extra: list[WorkerProc] = []
+
+    def start(self):
+        self.prefill.start()
+        self.decode.start()
+        self.proxy.start()
+        self.prefill.wait_ready()
+        self.decode.wait_ready()
+        self.proxy.wait_ready("tiny")
+
+    def stop(self):
+        self.proxy.stop()
+        for worker in [self.prefill, self.decode, *self.extra]:
+            worker.kill()
+
+    def client(self, key: str = MASTER_KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.proxy.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model, tmp_path_factory):
+    s = Stack(tiny_model, tmp_path_factory)
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+
+
+def aggregated(worker: WorkerProc) -> openai.OpenAI:
+    """A client straight to one worker: the whole request computed on that single engine."""
+    return openai.OpenAI(base_url=f"{worker.url}/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def external_tokens(worker: WorkerProc) -> float:
+    return metric(worker.url, EXTERNAL, source="external_kv_transfer")
+
+
+def local_tokens(worker: WorkerProc) -> float:
+    return metric(worker.url, EXTERNAL, source="local_compute")
+
+
+def test_chat_disaggregated_equals_aggregated(stack):
+    reference = aggregated(stack.prefill).chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0)
+    before = external_tokens(stack.decode)
+    reply = stack.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0)
+    assert reply.choices[0].message.content == reference.choices[0].message.content
+    assert external_tokens(stack.decode) - before >= reply.usage.prompt_tokens - 1  # the prompt came over NIXL
+
+    stream = stack.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0, stream=True)
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == reference.choices[0].message.content
+
+
+def test_text_completion_disaggregated_equals_aggregated(stack):
+    reference = aggregated(stack.prefill).completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0)
+    reply = stack.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0)
+    assert reply.choices[0].text == reference.choices[0].text
+    stream = stack.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=24, temperature=0, stream=True)
+    assert "".join(chunk.choices[0].text or "" for chunk in stream if chunk.choices) == reference.choices[0].text
+
+
+def test_kv_arrives_by_transfer_and_prefill_gets_one_token(stack):
+    prompt = [{"role": "user", "content": "A fresh prompt that no worker has cached yet. " * 15}]
+    ext_before, local_before = external_tokens(stack.decode), local_tokens(stack.decode)
+    pre_count = metric(stack.prefill.url, "vllm:request_params_max_tokens_count")
+    pre_one = metric(stack.prefill.url, "vllm:request_params_max_tokens_bucket", le="1.0")
+    reply = stack.client().chat.completions.create(model="tiny", messages=prompt, max_tokens=16, temperature=0)
+    assert reply.choices[0].message.content
+    assert external_tokens(stack.decode) - ext_before >= reply.usage.prompt_tokens - 1
+    assert local_tokens(stack.decode) - local_before <= 1  # the decode worker computed (almost) none of the prompt
+    # Exactly one more request reached the prefill worker, and it asked for at most one token.
+    assert metric(stack.prefill.url, "vllm:request_params_max_tokens_count") - pre_count == 1
+    assert metric(stack.prefill.url, "vllm:request_params_max_tokens_bucket", le="1.0") - pre_one == 1
+
+
+def test_missing_key_is_401_and_a_wrong_key_reaches_no_worker(stack):
+    served = metric(stack.decode.url, "vllm:request_success_total") + metric(stack.prefill.url, "vllm:request_success_total")
+    r = httpx.post(f"{stack.proxy.url}/v1/chat/completions", json={"model": "tiny", "messages": CHAT})
+    assert r.status_code == 401
+    # Without a database LiteLLM cannot look a virtual key up and answers 400 "No connected db"; with one, 401.
+    with pytest.raises(openai.APIStatusError) as info:
+        stack.client("sk-wrong").chat.completions.create(model="tiny", messages=CHAT, max_tokens=4)
+    assert info.value.status_code in (400, 401)
+    after = metric(stack.decode.url, "vllm:request_success_total") + metric(stack.prefill.url, "vllm:request_success_total")
+    assert after == served
+
+
+def test_client_transfer_params_are_dropped(stack):
+    evil = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "evil-engine", "remote_block_ids": [[0]],
+            "remote_host": "127.0.0.1", "remote_port": 1, "remote_request_id": "evil", "tp_size": 1}
+    failed_before = metric(stack.decode.url, "vllm:nixl_num_failed_transfers_total")
+    reply = stack.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=8, temperature=0, extra_body={"kv_transfer_params": evil})
+    assert reply.choices[0].message.content
+    assert metric(stack.decode.url, "vllm:nixl_num_failed_transfers_total") == failed_before
+    assert "evil-engine" not in stack.decode.log.read_text(errors="replace")
+
+
+def test_worker_joins_at_runtime_and_drains_without_loss(stack):
+    extra = WorkerProc("decode", stack.model, stack.registry, stack.logs)
+    stack.extra.append(extra)
+    extra.start()
+    extra.wait_ready()
+    wait_until(lambda: _served_by(extra, stack) > 0, timeout_s=60, interval_s=0.5, what="traffic on the new worker")
+
+    # Requests in flight on both decode workers while the new one drains: none is lost.
+    def ask(i: int) -> str:
+        msg = [{"role": "user", "content": f"request {i}: " + "count slowly " * 20}]
+        return stack.client().chat.completions.create(model="tiny", messages=msg, max_tokens=150, temperature=0).choices[0].message.content
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(ask, i) for i in range(8)]
+        wait_until(lambda: metric(extra.url, "vllm:num_requests_running") > 0, timeout_s=60, interval_s=0.1, what="requests on the draining worker")
+        assert extra.terminate(timeout_s=180) == 0  # drained: exit 0 once idle, not by timeout
+        answers = [f.result() for f in futures]
+    assert all(answers) and len(answers) == 8
+    assert "drain timeout" not in extra.log.read_text(errors="replace")
+    assert registered(stack.registry, extra.worker_id) is None
+    # Gone from routing: more requests all succeed, on the remaining decode worker.
+    for i in range(3):
+        assert stack.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=4).choices[0].message.content is not None
+
+
+def _served_by(worker: WorkerProc, stack: Stack) -> float:
+    stack.client().chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    return metric(worker.url, "vllm:request_success_total")
+
+
+def test_prefill_crash_falls_back_to_aggregated(stack):
+    reference = aggregated(stack.decode).chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0)
+    stack.prefill.kill()
+    local_before = local_tokens(stack.decode)
+    for i in range(3):
+        prompt = [{"role": "user", "content": f"after the crash {i}: " + "more words here " * 10}]
+        assert stack.client().chat.completions.create(model="tiny", messages=prompt, max_tokens=8).choices[0].message.content
+    assert local_tokens(stack.decode) > local_before  # the decode worker computed the prompts itself
+    reply = stack.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0)
+    assert reply.choices[0].message.content == reference.choices[0].message.content
