@@ -245,6 +245,10 @@ class SimEngine:
             reason = out.request.finish_reason if out.finished else None
             stream._put(Delta(out.new_token_ids, out.finished, reason, params))
 
+    def publish_pending_events(self) -> None:
+        """Send the KV events gathered since the last step (the step loop calls this after every step)."""
+        self._flush_events()
+
     def _flush_events(self) -> None:
         if self._events and self.publisher is not None:
             self.publisher.publish(self._events)

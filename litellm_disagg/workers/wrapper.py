@@ -69,8 +69,18 @@ def default_worker_id(role: WorkerRole, port: int) -> str:
 
 
 class WorkerWrapper:
-    def __init__(self, vllm: VllmOptions, lifecycle: LifecycleOptions, registry: Registry, *, log: TextIO = sys.stderr):
+    def __init__(
+        self,
+        vllm: VllmOptions,
+        lifecycle: LifecycleOptions,
+        registry: Registry,
+        *,
+        log: TextIO = sys.stderr,
+        command: list[str] | None = None,
+    ):
+        """``command`` replaces the vLLM command line (tests run a fake engine with the same HTTP surface)."""
         self.vllm = vllm
+        self.command = command
         self.lifecycle = lifecycle
         self.registry = registry
         self.log = log
@@ -89,7 +99,7 @@ class WorkerWrapper:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
-        argv = vllm_argv(self.vllm)
+        argv = self.command or vllm_argv(self.vllm)
         logger.info("starting vLLM (%s): %s", self.vllm.role.value, " ".join(argv))
         self._proc = await asyncio.create_subprocess_exec(
             *argv,

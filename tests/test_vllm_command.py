@@ -1,0 +1,74 @@
+import json
+import os
+import subprocess
+import sys
+
+from litellm_disagg.runtime_config import WorkerRole
+from litellm_disagg.workers.vllm_command import SITECUSTOMIZE_DIR, VllmOptions, vllm_argv, vllm_env
+
+
+def opts(**change):
+    base = dict(model="/m", served_model_name="tiny", role=WorkerRole.PREFILL, host="127.0.0.1", port=8100,
+                nixl_host="127.0.0.1", nixl_port=5600, device="cpu", kv_cache_bytes=64 << 20, max_model_len=1024)
+    return VllmOptions(**(base | change))
+
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def test_roles_map_to_nixl_kv_roles_and_recompute_on_load_failure():
+    for role, kv_role in [(WorkerRole.PREFILL, "kv_producer"), (WorkerRole.DECODE, "kv_consumer"), (WorkerRole.BOTH, "kv_both")]:
+        config = json.loads(flag(vllm_argv(opts(role=role)), "--kv-transfer-config"))
+        assert config == {"kv_connector": "NixlConnector", "kv_role": kv_role, "kv_buffer_device": "cpu", "kv_load_failure_policy": "recompute"}
+
+
+def test_cpu_flags_and_loopback_environment():
+    argv = vllm_argv(opts(), python="py")
+    assert argv[:3] == ["py", "-m", "vllm.entrypoints.openai.api_server"]
+    assert flag(argv, "--dtype") == "float32" and "--enforce-eager" in argv
+    assert flag(argv, "--kv-cache-memory-bytes") == str(64 << 20)
+    assert flag(argv, "--host") == "127.0.0.1" and flag(argv, "--port") == "8100"
+    env = vllm_env(opts(), base={"VLLM_CPU_KVCACHE_SPACE": "4", "PYTHONPATH": "/x"})
+    assert env["VLLM_NIXL_SIDE_CHANNEL_PORT"] == "5600" and env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == "127.0.0.1"
+    assert env["VLLM_HOST_IP"] == "127.0.0.1" and env["UCX_NET_DEVICES"] == "lo"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and "VLLM_CPU_KVCACHE_SPACE" not in env
+    assert env["PYTHONPATH"] == f"{SITECUSTOMIZE_DIR}{os.pathsep}/x"
+    assert env["LITELLM_DISAGG_NIXL_PROGRESS_THREAD"] == "0"
+
+
+def test_gpu_has_no_cpu_settings_and_a_routable_host_keeps_ucx_free():
+    argv = vllm_argv(opts(device="gpu", kv_cache_bytes=None, host="0.0.0.0", nixl_host="10.0.0.5", tensor_parallel_size=2))
+    assert "--dtype" not in argv and "--kv-cache-memory-bytes" not in argv
+    assert flag(argv, "--tensor-parallel-size") == "2"
+    assert json.loads(flag(argv, "--kv-transfer-config"))["kv_buffer_device"] == "cuda"
+    env = vllm_env(opts(device="gpu", nixl_host="10.0.0.5"), base={})
+    assert "UCX_NET_DEVICES" not in env and "PYTHONPATH" not in env
+
+
+def test_kv_events_and_extra_args():
+    o = opts(kv_events_port=7000, extra_args=("--max-num-seqs", "8"))
+    argv = vllm_argv(o)
+    events = json.loads(flag(argv, "--kv-events-config"))
+    assert events["endpoint"] == "tcp://*:7000" and events["enable_kv_cache_events"] is True
+    assert o.kv_events_endpoint == "tcp://127.0.0.1:7000"
+    assert argv[-2:] == ["--max-num-seqs", "8"]
+
+
+def test_sitecustomize_disables_nixl_progress_thread_lazily(tmp_path):
+    # A stand-in NIXL backend module with the real one's constructor signature.
+    pkg = tmp_path / "nixl_cu12"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "_api.py").write_text(
+        "class nixl_agent_config:\n"
+        "    def __init__(self, enable_prog_thread=True, num_threads=0):\n"
+        "        self.enable_prog_thread = enable_prog_thread\n"
+    )
+    code = "import sys; assert 'nixl_cu12._api' not in sys.modules; from nixl_cu12._api import nixl_agent_config as c; print(c().enable_prog_thread, c(enable_prog_thread=True).enable_prog_thread)"
+    env = {"PYTHONPATH": f"{SITECUSTOMIZE_DIR}{os.pathsep}{tmp_path}", "LITELLM_DISAGG_NIXL_PROGRESS_THREAD": "0", "PATH": os.environ["PATH"]}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+    env["LITELLM_DISAGG_NIXL_PROGRESS_THREAD"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["True", "True"]

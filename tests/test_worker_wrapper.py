@@ -1,0 +1,94 @@
+"""The worker wrapper's lifecycle, with a fake engine process that has vLLM's /health and /metrics surface."""
+
+import asyncio
+import io
+import json
+import signal
+import sys
+
+import pytest
+
+from litellm_disagg.runtime_config import WorkerRole, WorkerState
+from litellm_disagg.workers.file_registry import FileRegistry
+from litellm_disagg.workers.vllm_command import VllmOptions
+from litellm_disagg.workers.wrapper import LifecycleOptions, WorkerWrapper
+
+from .support.net import free_port
+
+
+def make(tmp_path, command, **lifecycle):
+    port = free_port()
+    vllm = VllmOptions(model="m", served_model_name="fake", role=WorkerRole.DECODE, host="127.0.0.1", port=port,
+                       nixl_host="127.0.0.1", nixl_port=free_port(), device="cpu")
+    log = io.StringIO()
+    registry = FileRegistry(tmp_path, poll_interval_s=0.05)
+    argv = [a.replace("{port}", str(port)) for a in command]
+    opts = LifecycleOptions(worker_id="w1", heartbeat_interval_s=0.2, ready_timeout_s=30, drain_settle_s=0.3, **lifecycle)
+    return WorkerWrapper(vllm, opts, registry, log=log, command=argv), FileRegistry(tmp_path), log
+
+
+FAKE_ENGINE = [sys.executable, "-m", "tests.support.fake_worker", "--port", "{port}", "--name", "fake"]
+
+
+async def wait_for(check, timeout=30.0):
+    for _ in range(int(timeout / 0.05)):
+        if await check():
+            return
+        await asyncio.sleep(0.05)
+    raise TimeoutError
+
+
+async def test_registers_with_facts_from_the_engine_then_drains_on_stop(tmp_path):
+    wrapper, reader, _ = make(tmp_path, FAKE_ENGINE)
+    run = asyncio.create_task(wrapper.run())
+
+    async def ready():
+        return bool(await reader.snapshot())
+
+    await wait_for(ready)
+    [config] = await reader.snapshot()
+    assert config.worker_id == "w1" and config.state is WorkerState.READY and config.role is WorkerRole.DECODE
+    assert (config.block_size, config.kv_capacity_blocks) == (16, 1000)  # read from the engine's metrics
+    assert config.base_url == wrapper.server_url + "/v1"
+    wrapper.request_stop()
+    assert await asyncio.wait_for(run, 30) == 0
+    assert await reader.snapshot() == []
+    assert wrapper._proc.returncode is not None
+
+
+async def test_drain_publishes_draining_before_leaving(tmp_path):
+    wrapper, reader, _ = make(tmp_path, FAKE_ENGINE)
+    wrapper.lifecycle = LifecycleOptions(worker_id="w1", heartbeat_interval_s=0.2, drain_settle_s=1.5)
+    run = asyncio.create_task(wrapper.run())
+
+    async def state_is(state):
+        snap = await reader.snapshot()
+        return bool(snap) and snap[0].state is state
+
+    await wait_for(lambda: state_is(WorkerState.READY))
+    wrapper.request_stop()
+    await wait_for(lambda: state_is(WorkerState.DRAINING), timeout=5)
+    assert await asyncio.wait_for(run, 30) == 0
+
+
+async def test_engine_death_withdraws_and_exits_nonzero_with_its_last_lines(tmp_path):
+    wrapper, reader, log = make(tmp_path, FAKE_ENGINE)
+    run = asyncio.create_task(wrapper.run())
+
+    async def ready():
+        return bool(await reader.snapshot())
+
+    await wait_for(ready)
+    wrapper._proc.send_signal(signal.SIGKILL)
+    code = await asyncio.wait_for(run, 30)
+    assert code != 0
+    assert await reader.snapshot() == []
+    assert "Last vLLM log lines" in log.getvalue()
+
+
+async def test_engine_that_fails_to_start_reports_its_output(tmp_path):
+    crash = [sys.executable, "-c", "import sys; print('engine exploded: bad flag'); sys.exit(3)"]
+    wrapper, reader, log = make(tmp_path, crash)
+    assert await asyncio.wait_for(wrapper.run(), 30) == 3
+    assert "engine exploded: bad flag" in log.getvalue()
+    assert await reader.snapshot() == []
