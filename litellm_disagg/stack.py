@@ -89,7 +89,7 @@ def run_stack(args: argparse.Namespace) -> int:
         if stopping.is_set():
             return 0
         _wait_both_roles(registry, served, stopping, procs)
-        print(_banner(base, key, served), flush=True)
+        print(_banner(base, key, served, registry), flush=True)
         while not stopping.wait(1.0):
             dead = [name for name, p in procs.items() if p.poll() is not None]
             if dead:
@@ -124,13 +124,14 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-def _banner(base: str, key: str, model: str) -> str:
+def _banner(base: str, key: str, model: str, registry: str) -> str:
     return f"""
 litellm-disagg is up: prefill and decode workers behind the LiteLLM proxy.
 
   base URL : {base}/v1
   API key  : {key}
   model    : {model}
+  registry : {registry}   (litellm-disagg workers --registry-dir {registry})
 
   from openai import OpenAI
   client = OpenAI(base_url="{base}/v1", api_key="{key}")

@@ -1,7 +1,7 @@
 """A deterministic, model-free tokenizer: about one token per word, and exact on the text the simulator generates.
 
-Text is split into pieces (special tokens, a word with the whitespace before it, one punctuation character with the
-whitespace before it, trailing whitespace). A piece that is one of the simulator's own pseudo-words (``" kalo"``, the
+Text is split at special tokens, then into pieces (a word with the whitespace before it, one punctuation character
+with the whitespace before it, whitespace before a special token or the end). A piece that is one of the simulator's own pseudo-words (``" kalo"``, the
 words generated text is made of) has a fixed id, so ``encode(decode(ids)) == ids`` for generated tokens and a
 conversation that sends the model's answers back tokenizes them as they were generated. Any other piece gets a stable
 hash id. Same text, same ids, in every process.
@@ -41,14 +41,12 @@ def _word(index: int) -> str:
 WORDS: tuple[str, ...] = tuple(_word(i) for i in range(NUM_WORDS))
 _WORD_IDS: dict[str, int] = {w: WORD_BASE + i for i, w in enumerate(WORDS)}
 
-_PIECES = re.compile("|".join(re.escape(s) for s in SPECIAL_TOKENS) + r"|\s*\w+|\s*[^\w\s]|\s+")
+_SPECIALS = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
+_PIECES = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
 
 
 @functools.lru_cache(maxsize=65_536)
 def _piece_id(piece: str) -> int:
-    special = SPECIAL_TOKENS.get(piece)
-    if special is not None:
-        return special
     word = _WORD_IDS.get(piece)
     if word is not None:
         return word
@@ -57,7 +55,13 @@ def _piece_id(piece: str) -> int:
 
 
 def encode(text: str) -> list[int]:
-    return [_piece_id(m.group()) for m in _PIECES.finditer(text)]
+    ids: list[int] = []
+    for i, segment in enumerate(_SPECIALS.split(text)):
+        if i % 2:
+            ids.append(SPECIAL_TOKENS[segment])
+        elif segment:
+            ids.extend(_piece_id(m.group()) for m in _PIECES.finditer(segment))
+    return ids
 
 
 def token_text(token_id: int) -> str:

@@ -1,0 +1,59 @@
+"""README's run command: ``litellm-disagg up`` answers an OpenAI SDK chat request with the real small model
+(SmolLM2-135M-Instruct, prepared offline from its PyPI package), disaggregated, and stops cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+from litellm_disagg.processes import spawn, stop, wait_until
+
+from .support.net import free_port, metric
+
+pytestmark = pytest.mark.vllm
+
+
+def test_up_serves_the_real_small_model_disaggregated(tmp_path):
+    port = free_port()
+    log = tmp_path / "up.log"
+    env = dict(os.environ)
+    env.pop("LITELLM_MASTER_KEY", None)  # `up` generates one and prints it
+    proc = spawn([sys.executable, "-m", "litellm_disagg.cli", "up", "--port", str(port), "--kv-cache-mib", "256"], env=env, log=log)
+    try:
+        wait_until(lambda: "Ctrl-C stops everything" in log.read_text(errors="replace"), timeout_s=600, interval_s=1,
+                   alive=lambda: proc.poll() is None, what="`up` to print its banner")
+        banner = log.read_text()
+        key = re.search(r"API key  : (\S+)", banner).group(1)
+        registry = re.search(r"registry : (\S+)", banner).group(1)
+        assert f"http://127.0.0.1:{port}/v1" in banner and "from openai import OpenAI" in banner
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=120)
+        reply = client.chat.completions.create(model="smollm2-135m-instruct", temperature=0, max_tokens=30,
+                                               messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in reply.choices[0].message.content
+
+        workers = subprocess.run([sys.executable, "-m", "litellm_disagg.cli", "workers", "--registry-dir", registry],
+                                 capture_output=True, text=True, check=True).stdout.splitlines()
+        by_role = {c["role"]: c for c in map(json.loads, workers)}
+        assert set(by_role) == {"prefill", "decode"}
+        decode_url = by_role["decode"]["base_url"].removesuffix("/v1")
+        external = metric(decode_url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+        assert external >= reply.usage.prompt_tokens - 1  # the prompt's KV came from the prefill worker
+
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=240) == 0
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/health/liveliness", timeout=2)
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"{decode_url}/health", timeout=2)
+    finally:
+        stop(proc, timeout_s=60)
