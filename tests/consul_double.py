@@ -38,9 +38,9 @@ Everywhere
     on writes and single-key reads, and empty results with ``X-Consul-Results-Filtered-By-ACLs: true`` on listings.
 
 Test controls (not part of Consul)
-    ``requests`` (every request seen), ``stop()`` / ``start()`` / ``restart(lose_agent_state=...)`` on the same
+    ``requests`` (every request seen), ``registrations`` (every register body), ``stop()`` / ``start()`` / ``restart(lose_agent_state=...)`` on the same
     port (an outage: open connections are dropped too), ``reset_index(to)`` (the index goes backwards, as after a
-    snapshot restore), ``zero_index`` (answer ``X-Consul-Index: 0``, an old Consul bug), ``tls`` (serve https).
+    snapshot restore), ``zero_index`` (indexes stuck at 0 and answered as ``X-Consul-Index: 0``, an old Consul bug), ``tls`` (serve https).
 """
 
 from __future__ import annotations
@@ -191,6 +191,7 @@ class ConsulDouble:
         self.tls = tls
         self.zero_index = False
         self.requests: list[SeenRequest] = []
+        self.registrations: list[dict[str, Any]] = []
         self.port = 0
         self._server: asyncio.Server | None = None
         self._connections: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}
@@ -305,6 +306,13 @@ class ConsulDouble:
     def service_ids(self) -> set[str]:
         return set(self._services)
 
+    def agent_service(self, service_id: str) -> dict[str, Any] | None:
+        service = self._services.get(service_id)
+        return self._service_json(service) if service is not None else None
+
+    def kv_keys(self, prefix: str = "") -> list[str]:
+        return sorted(key for key in self._kv if key.startswith(prefix))
+
     def check_status(self, check_id: str) -> str | None:
         check = self._checks.get(check_id)
         return check.status if check is not None else None
@@ -417,6 +425,8 @@ class ConsulDouble:
             raise HTTPError(400, f"Invalid index: {raw_index!r}") from exc
         if min_index <= 0:
             return
+        if self.zero_index:
+            current = _zero  # the resource's index really is 0 (the old bug): nothing ever exceeds ?index
         wait_s = DEFAULT_BLOCKING_WAIT_S
         if "wait" in request.query:
             wait_s = min(parse_go_duration(request.query["wait"]), MAX_BLOCKING_WAIT_S)
@@ -436,6 +446,7 @@ class ConsulDouble:
         body = _json_body(request)
         if not isinstance(body, dict):
             raise HTTPError(400, "Request decode failed: expected a JSON object")
+        self.registrations.append(body)
         name = body.get("Name")
         if not isinstance(name, str) or not name:
             raise HTTPError(400, "Missing service name")
@@ -750,6 +761,10 @@ def _meta_problem(meta: dict[str, str]) -> str | None:
         if len(value.encode()) > 512:
             return prefix + "Value is too long (limit: 512 characters)"
     return None
+
+
+def _zero() -> int:
+    return 0
 
 
 def _flag(query: dict[str, str], name: str) -> bool:

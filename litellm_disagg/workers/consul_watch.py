@@ -4,8 +4,8 @@ Each loop keeps its own ``X-Consul-Index`` and follows Consul's rules for blocki
 
 - the first request (and the first after a reset) carries no index and returns at once; later ones carry
   ``?index=N&wait=Ws`` and return when the resource changes or the wait ends (a return is no proof of a change);
-- an index that goes backwards (a restored or replaced cluster) means start over from 0;
 - an index of 0 or less is taken as 1, so a buggy index never turns blocking queries into a tight loop;
+- an index that goes backwards (a restored or replaced cluster) means start over from 0;
 - two requests of one loop are at least ``min_query_interval_s`` apart.
 
 A loop that cannot reach Consul never ends: it backs off (``retry_min_s`` doubling to ``retry_max_s``) and tries
@@ -52,10 +52,9 @@ class BlockingIndex:
     def advance(self, returned: int | None) -> None:
         if returned is None:
             self.index = 0  # the endpoint sent no index: nothing to block on, read again from scratch
-        elif returned < self.index:
-            self.index = 0  # went backwards: start over
-        else:
-            self.index = max(returned, 1)
+            return
+        returned = max(returned, 1)  # sanity first: a stuck 0 must block on 1, not look like a reset every time
+        self.index = 0 if returned < self.index else returned  # went backwards: start over
 
     async def pace(self) -> None:
         delay = self._last_start + self.min_interval_s - time.monotonic()

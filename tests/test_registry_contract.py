@@ -1,0 +1,322 @@
+"""The Registry contract (workers/registry.py), checked against every backend by one parametrized suite.
+
+Each backend comes with a harness that builds registries sharing one store (a directory for ``file``, the Consul
+test double for ``consul``) and that can write broken entries straight into that store, bypassing the backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import pytest
+
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
+from litellm_disagg.settings import ConsulRegistrySettings
+from litellm_disagg.workers.consul_registry import ConsulRegistry
+from litellm_disagg.workers.file_registry import FileRegistry
+from litellm_disagg.workers.registry import Registry, RegistryError
+
+from .consul_double import ConsulDouble
+
+TTL_S = 0.6
+INVALID_KINDS = ["garbage", "wrong_types", "unknown_role", "missing_fields", "duplicate_id", "oversized"]
+
+
+def make_config(worker_id: str, *, state: WorkerState = WorkerState.READY, model: str = "tiny-model") -> RuntimeConfig:
+    return RuntimeConfig(
+        worker_id=worker_id,
+        model=model,
+        role=WorkerRole.PREFILL,
+        base_url="http://127.0.0.1:8100/v1",
+        nixl_host="127.0.0.1",
+        nixl_port=5600,
+        kv_capacity_blocks=1000,
+        block_size=16,
+        state=state,
+    )
+
+
+def broken_fields(kind: str, valid: RuntimeConfig) -> dict[str, Any]:
+    """A config dump broken in one way (``garbage`` is backend-specific and handled by each harness)."""
+    fields = valid.model_dump(mode="json") | {"worker_id": f"bad-{kind.replace('_', '-')}"}
+    if kind == "wrong_types":
+        fields["kv_capacity_blocks"] = "lots"
+    elif kind == "unknown_role":
+        fields["role"] = "oracle"
+    elif kind == "missing_fields":
+        fields = {"worker_id": fields["worker_id"], "model": fields["model"]}
+    elif kind == "duplicate_id":
+        fields["worker_id"] = valid.worker_id  # stored under another id/name than its own worker_id
+    elif kind == "oversized":
+        fields["model"] = "m" * 500  # RuntimeConfig allows 256 (and Consul Meta would still take it)
+    return fields
+
+
+class Harness(Protocol):
+    name: str
+
+    def registry(self) -> Registry: ...
+
+    async def inject_invalid(self, kind: str, valid: RuntimeConfig) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class FileHarness:
+    name = "file"
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self._registries: list[FileRegistry] = []
+
+    def registry(self) -> Registry:
+        registry = FileRegistry(self.directory, ttl_s=TTL_S, poll_interval_s=0.05)
+        self._registries.append(registry)
+        return registry
+
+    async def inject_invalid(self, kind: str, valid: RuntimeConfig) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        name = f"bad-{kind.replace('_', '-')}.worker.json"
+        if kind == "garbage":
+            (self.directory / name).write_text("{not json")
+            return
+        record = {"heartbeat_at": time.time() + 60, "config": broken_fields(kind, valid)}
+        (self.directory / name).write_text(json.dumps(record))
+
+    async def aclose(self) -> None:
+        for registry in self._registries:
+            await registry.close()
+
+
+class ConsulHarness:
+    name = "consul"
+
+    def __init__(self, double: ConsulDouble):
+        self.double = double
+        self.settings = ConsulRegistrySettings(
+            address=double.address, check_ttl_s=TTL_S, heartbeat_interval_s=TTL_S / 4, wait_s=2.0,
+            min_query_interval_s=0.01, retry_min_s=0.05, retry_max_s=0.2, request_timeout_s=2.0,
+        )
+        self._registries: list[ConsulRegistry] = []
+
+    def registry(self) -> Registry:
+        registry = ConsulRegistry(self.settings, environ={})
+        self._registries.append(registry)
+        return registry
+
+    async def inject_invalid(self, kind: str, valid: RuntimeConfig) -> None:
+        """Register a broken worker through the double's HTTP API, as a foreign or buggy client would."""
+        service_id = f"bad-{kind.replace('_', '-')}"
+        if kind == "garbage":  # Meta points at a KV document that is not JSON
+            document = b"{not json"
+            key = f"litellm-disagg/workers/{service_id}/{hashlib.sha256(document).hexdigest()[:16]}"
+            meta = {"ld_format": "kv-1", "ld_kv_key": key}
+        else:
+            document, key = b"", ""
+            meta = {k: v if isinstance(v, str) else json.dumps(v) for k, v in broken_fields(kind, valid).items()}
+            meta["ld_format"] = "meta-1"
+        async with httpx.AsyncClient(base_url=self.double.url, trust_env=False) as client:
+            if key:
+                (await client.put(f"/v1/kv/{key}", content=document)).raise_for_status()
+            response = await client.put("/v1/agent/service/register", json={
+                "ID": service_id, "Name": "litellm-disagg-tiny-model", "Tags": ["litellm-disagg", "prefill", "ready"],
+                "Address": "127.0.0.1", "Port": 8100, "Meta": meta,
+                "Check": {"TTL": "60s", "Status": "passing"},
+            })
+            response.raise_for_status()
+
+    async def aclose(self) -> None:
+        for registry in self._registries:
+            await registry.close()
+        await self.double.close()
+
+
+@pytest.fixture(params=["file", "consul"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Harness]:
+    harness: Harness
+    if request.param == "file":
+        harness = FileHarness(tmp_path / "registry")
+    else:
+        double = ConsulDouble()
+        await double.start()
+        harness = ConsulHarness(double)
+    try:
+        yield harness
+    finally:
+        await harness.aclose()
+
+
+async def eventually(predicate: Any, timeout_s: float = 3.0, interval_s: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if await predicate():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(interval_s)
+
+
+class WatchCollector:
+    """Runs ``registry.watch()`` in a task and queues what it yields."""
+
+    def __init__(self, registry: Registry):
+        self.queue: asyncio.Queue[list[RuntimeConfig]] = asyncio.Queue()
+        self.task = asyncio.create_task(self._run(registry))
+
+    async def _run(self, registry: Registry) -> None:
+        async for configs in registry.watch():
+            await self.queue.put(configs)
+
+    async def next(self, timeout_s: float = 2.0) -> list[RuntimeConfig]:
+        return await asyncio.wait_for(self.queue.get(), timeout_s)
+
+    async def until(self, predicate: Any, timeout_s: float = 2.0) -> list[RuntimeConfig]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            configs = await self.next(max(0.01, deadline - time.monotonic()))
+            if predicate(configs):
+                return configs
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        try:
+            await self.task
+        except asyncio.CancelledError:
+            pass
+
+
+# -- the contract ------------------------------------------------------------------------------------------------------
+
+
+async def test_publish_then_snapshot_sees_it(backend: Harness) -> None:
+    writer, reader = backend.registry(), backend.registry()
+    config = make_config("w-1")
+    await writer.publish(config)
+    assert await reader.snapshot() == [config]
+
+
+async def test_publish_with_new_state_replaces(backend: Harness) -> None:
+    writer, reader = backend.registry(), backend.registry()
+    starting = make_config("w-1", state=WorkerState.STARTING)
+    await writer.publish(starting)
+    await writer.publish(starting.with_state(WorkerState.READY))
+    assert await reader.snapshot() == [starting.with_state(WorkerState.READY)]
+
+
+async def test_snapshot_is_sorted_by_worker_id(backend: Harness) -> None:
+    writer, reader = backend.registry(), backend.registry()
+    for worker_id in ("w-c", "w-a", "w-b"):
+        await writer.publish(make_config(worker_id, model=f"model-{worker_id}"))
+    assert [c.worker_id for c in await reader.snapshot()] == ["w-a", "w-b", "w-c"]
+
+
+async def test_withdraw_removes(backend: Harness) -> None:
+    writer, reader = backend.registry(), backend.registry()
+    await writer.publish(make_config("w-1"))
+    await writer.publish(make_config("w-2"))
+    await writer.withdraw("w-1")
+    assert [c.worker_id for c in await reader.snapshot()] == ["w-2"]
+
+
+async def test_withdraw_unknown_is_fine(backend: Harness) -> None:
+    registry = backend.registry()
+    await registry.withdraw("never-published")
+    assert await registry.snapshot() == []
+
+
+async def test_heartbeat_of_unpublished_worker_is_an_error(backend: Harness) -> None:
+    with pytest.raises(RegistryError):
+        await backend.registry().heartbeat("never-published")
+
+
+async def test_heartbeat_keeps_alive_and_silence_expires(backend: Harness) -> None:
+    writer, reader = backend.registry(), backend.registry()
+    config = make_config("w-1")
+    await writer.publish(config)
+    for _ in range(int(2.5 * TTL_S / 0.15)):  # well past one TTL
+        await asyncio.sleep(0.15)
+        await writer.heartbeat("w-1")
+        assert await reader.snapshot() == [config]
+
+    async def gone() -> bool:
+        return await reader.snapshot() == []
+
+    await eventually(gone, timeout_s=TTL_S + 2.0)
+
+
+async def test_watch_yields_initial_snapshot_then_changes(backend: Harness) -> None:
+    writer, reader = backend.registry(), backend.registry()
+    first, second = make_config("w-1"), make_config("w-2", state=WorkerState.STARTING)
+    await writer.publish(first)
+    watch = WatchCollector(reader)
+    try:
+        assert await watch.next() == [first]
+        await writer.publish(second)
+        assert await watch.until(lambda configs: len(configs) == 2) == [first, second]
+        await writer.publish(second.with_state(WorkerState.READY))
+        assert await watch.until(lambda configs: configs[-1].routable) == [first, second.with_state(WorkerState.READY)]
+        await writer.withdraw("w-1")
+        assert await watch.until(lambda configs: len(configs) == 1) == [second.with_state(WorkerState.READY)]
+    finally:
+        await watch.stop()
+
+
+async def test_watch_starts_empty(backend: Harness) -> None:
+    watch = WatchCollector(backend.registry())
+    try:
+        assert await watch.next() == []
+    finally:
+        await watch.stop()
+
+
+@pytest.mark.parametrize("kind", INVALID_KINDS)
+async def test_invalid_entries_are_skipped_and_logged_once(
+    backend: Harness, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    writer, reader = backend.registry(), backend.registry()
+    valid = make_config("w-ok")
+    await writer.publish(valid)
+    await backend.inject_invalid(kind, valid)
+    caplog.set_level(logging.WARNING, logger="litellm_disagg")
+
+    assert await reader.snapshot() == [valid]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings, "an invalid entry must be logged"
+    assert await reader.snapshot() == [valid]
+    watch = WatchCollector(reader)
+    try:
+        assert await watch.next() == [valid]
+    finally:
+        await watch.stop()
+    assert [r for r in caplog.records if r.levelno == logging.WARNING] == warnings, "logged once, not per poll"
+
+
+async def test_close_ends_watch(backend: Harness) -> None:
+    registry = backend.registry()
+    watch = WatchCollector(registry)
+    await watch.next()
+    await registry.close()
+    await asyncio.wait_for(watch.task, 2.0)
+    assert watch.task.done() and not watch.task.cancelled()
+
+
+async def test_watch_after_close_ends_at_once(backend: Harness) -> None:
+    registry = backend.registry()
+    await registry.close()
+    watch = WatchCollector(registry)
+    await asyncio.wait_for(watch.task, 2.0)
+
+
+async def test_backends_implement_the_protocol(tmp_path: Path) -> None:
+    consul = ConsulRegistry(ConsulRegistrySettings(), environ={})
+    assert isinstance(FileRegistry(tmp_path), Registry)
+    assert isinstance(consul, Registry)
+    await consul.close()
