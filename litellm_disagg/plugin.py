@@ -62,6 +62,7 @@ class DisaggPlugin(CustomLogger):
     async def _follow_proxy(self) -> None:
         from litellm.proxy import proxy_server
 
+        _configure_logging()
         settings: DisaggSettings | None = None
         while True:
             router = proxy_server.llm_router
@@ -104,6 +105,16 @@ def load_settings(config_path: str | None) -> DisaggSettings:
         return DisaggSettings()
     with open(path) as f:
         return DisaggSettings.from_proxy_config(yaml.safe_load(f))
+
+
+def _configure_logging() -> None:
+    """Make the plugin's own log lines visible in the proxy's output (LiteLLM configures only its own loggers)."""
+    if not logger.handlers:
+        handler_ = logging.StreamHandler()
+        handler_.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler_)
+        logger.setLevel(os.environ.get("LITELLM_DISAGG_LOG_LEVEL", "INFO").upper())
+        logger.propagate = False
 
 
 handler = DisaggPlugin()

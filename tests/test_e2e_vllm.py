@@ -166,5 +166,6 @@ def test_prefill_crash_falls_back_to_aggregated(stack):
         prompt = [{"role": "user", "content": f"after the crash {i}: " + "more words here " * 10}]
         assert stack.client().chat.completions.create(model="tiny", messages=prompt, max_tokens=8).choices[0].message.content
     assert local_tokens(stack.decode) > local_before  # the decode worker computed the prompts itself
+    assert "serving aggregated on" in stack.proxy.log.read_text(errors="replace")  # and the proxy said so
     reply = stack.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0)
     assert reply.choices[0].message.content == reference.choices[0].message.content

@@ -99,5 +99,5 @@ class Orchestrator:
 
     def _aggregated(self, decode: RuntimeConfig, reason: str) -> DecodePlan:
         ROUTED.labels(decode.model, Mode.AGGREGATED.value).inc()
-        logger.info("serving aggregated on %s: %s", decode.worker_id, reason)
+        logger.warning("serving aggregated on %s: %s", decode.worker_id, reason)
         return DecodePlan(Mode.AGGREGATED, decode, reason=reason)

@@ -158,7 +158,10 @@ def build_app(engine: SimEngine, state: ServerState | None = None) -> Starlette:
             return exc.response(headers)
         if prepared.body.stream:
             return StreamingResponse(_sse(prepared, stream, chat=chat), media_type="text/event-stream", headers=headers)
-        deltas = await _collect_or_abort(request, stream)
+        try:
+            deltas = await _collect_or_abort(request, stream)
+        except EngineDead as exc:
+            return ApiError(503, str(exc), "ServiceUnavailableError").response(headers)
         if deltas is None:
             return Response(status_code=499)  # the client went away; nobody reads this
         return JSONResponse(_full_response(prepared, stream.request, deltas, chat=chat), headers=headers)
@@ -230,6 +233,12 @@ def build_app(engine: SimEngine, state: ServerState | None = None) -> Starlette:
                 final["choices"] = []
                 final["usage"] = _usage(n_prompt, generated, stream.request.num_cached_prompt_tokens)
                 yield _event(final)
+            yield "data: [DONE]\n\n"
+        except EngineDead as exc:
+            # As vLLM reports an engine failure mid-stream. After a crash the connection is already reset and
+            # nothing of this reaches the client.
+            error = {"message": str(exc), "type": "ServiceUnavailableError", "param": None, "code": 503}
+            yield _event({"error": error})
             yield "data: [DONE]\n\n"
         finally:
             if not finished:

@@ -161,7 +161,7 @@ class SimWorker:
                 logger.warning("worker %s: could not withdraw: %s", self.worker_id, exc)
         if self.engine is not None:
             await self.engine.stop()
-        await self._stop_server(force=False)
+        await self._stop_server()
         self._release_ports()
         self.state = SimWorkerState.STOPPED
 
@@ -171,9 +171,10 @@ class SimWorker:
             return
         self.state = SimWorkerState.CRASHED
         await self._stop_heartbeat()
+        self._kill_server()
         if self.engine is not None:
             self.engine.crash()
-        await self._stop_server(force=True)
+        await self._stop_server()
         if self.engine is not None:
             await self.engine.stop()  # reaps the cancelled tasks; the engine is already dead
         self._release_ports()
@@ -200,16 +201,24 @@ class SimWorker:
                 raise RuntimeError(f"HTTP server of {self.worker_id} exited during start-up")
             await asyncio.sleep(0.005)
 
-    async def _stop_server(self, *, force: bool) -> None:
+    def _kill_server(self) -> None:
+        """Reset every connection and stop listening, now (no graceful shutdown follows)."""
+        server = self._server
+        if server is None:
+            return
+        server.force_exit = True
+        server.should_exit = True
+        for listener in getattr(server, "servers", []):
+            listener.close()
+        for conn in list(server.server_state.connections):
+            transport = getattr(conn, "transport", None)
+            if transport is not None:
+                transport.abort()
+
+    async def _stop_server(self) -> None:
         server, task = self._server, self._serve_task
         if server is None or task is None:
             return
-        if force:
-            server.force_exit = True
-            for conn in list(server.server_state.connections):
-                transport = getattr(conn, "transport", None)
-                if transport is not None:
-                    transport.abort()
         server.should_exit = True
         with contextlib.suppress(asyncio.CancelledError):
             await task

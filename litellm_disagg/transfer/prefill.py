@@ -3,8 +3,8 @@
 Errors, as a tree::
 
     PrefillError
-    ├── PrefillRejected      the worker answered 4xx: the request itself is bad; the client gets this error as is
-    └── PrefillUnavailable   5xx, timeout, connection error, or a response without usable transfer params:
+    ├── PrefillRejected      the worker answered 4xx (not 429): the request itself is bad; the client gets it as is
+    └── PrefillUnavailable   429, 5xx, timeout, connection error, or a response without usable transfer params:
                              try another prefill worker, then decode locally (aggregated)
 """
 
@@ -63,7 +63,7 @@ class PrefillClient:
             response = await self._client.post(url, json=body, headers={**(headers or {}), "X-Request-Id": request_id})
         except httpx.HTTPError as exc:
             raise PrefillUnavailable(f"prefill on {worker_id} failed: {type(exc).__name__}: {exc}", worker_id=worker_id) from exc
-        if 400 <= response.status_code < 500:
+        if 400 <= response.status_code < 500 and response.status_code != 429:
             raise PrefillRejected(
                 f"prefill on {worker_id} rejected the request ({response.status_code})",
                 worker_id=worker_id,
