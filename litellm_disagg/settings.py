@@ -47,7 +47,7 @@ class ConsulRegistrySettings(BaseModel):
 
     # -- connection (unset: from the environment, like the consul CLI) ----------------------------------------------
     address: str | None = None
-    """``host:port``, ``http(s)://host:port`` or ``unix:///path``. Env ``CONSUL_HTTP_ADDR``; default ``127.0.0.1:8500``."""
+    """``host:port``, ``http(s)://host:port`` or ``unix:///path``. Env ``CONSUL_HTTP_ADDR``, else ``127.0.0.1:8500``."""
     ssl: bool | None = None
     """Use https for an address without a scheme. Env ``CONSUL_HTTP_SSL``."""
     tls_skip_verify: bool | None = None
@@ -74,7 +74,9 @@ class ConsulRegistrySettings(BaseModel):
     # -- naming ------------------------------------------------------------------------------------------------------
     service_name: Annotated[str, Field(min_length=1, max_length=128)] | None = None
     """One Consul service name for every worker; unset: one service per model, ``<service_prefix><model>``."""
-    service_prefix: Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[a-z0-9][a-z0-9-]*$")] = "litellm-disagg-"
+    service_prefix: Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[a-z0-9][a-z0-9-]*$")] = (
+        "litellm-disagg-"
+    )
     tag: Annotated[str, Field(min_length=1, max_length=64)] = "litellm-disagg"
     """Tag on every worker's service; routers only read services carrying it."""
     kv_prefix: Annotated[str, Field(min_length=1, pattern=r"^[^/].*[^/]$|^[^/]$")] = "litellm-disagg/workers"

@@ -38,9 +38,10 @@ Everywhere
     on writes and single-key reads, and empty results with ``X-Consul-Results-Filtered-By-ACLs: true`` on listings.
 
 Test controls (not part of Consul)
-    ``requests`` (every request seen), ``registrations`` (every register body), ``stop()`` / ``start()`` / ``restart(lose_agent_state=...)`` on the same
-    port (an outage: open connections are dropped too), ``reset_index(to)`` (the index goes backwards, as after a
-    snapshot restore), ``zero_index`` (indexes stuck at 0 and answered as ``X-Consul-Index: 0``, an old Consul bug), ``tls`` (serve https).
+    ``requests`` (every request seen), ``registrations`` (every register body), ``stop()`` / ``start()`` /
+    ``restart(lose_agent_state=...)`` on the same port (an outage: open connections are dropped too),
+    ``reset_index(to)`` (the index goes backwards, as after a snapshot restore), ``zero_index`` (indexes stuck at 0
+    and answered as ``X-Consul-Index: 0``, an old Consul bug), ``tls`` (serve https).
 """
 
 from __future__ import annotations
@@ -562,7 +563,9 @@ class ConsulDouble:
             raise HTTPError(403, "Permission denied: anonymous token lacks permission 'service:write'")
         service_id = unquote(match["id"])
         if service_id not in self._services:
-            raise HTTPError(404, f'Unknown service ID "{service_id}". Ensure that the service ID is passed, not the service name.')
+            raise HTTPError(
+                404, f'Unknown service ID "{service_id}". Ensure that the service ID is passed, not the service name.'
+            )
         self._remove_service(service_id)
         return _Response(body=b"")
 
@@ -588,7 +591,9 @@ class ConsulDouble:
         check_id = unquote(match["id"])
         check = self._checks.get(check_id)
         if check is None:
-            raise HTTPError(404, f'Unknown check ID "{check_id}". Ensure that the check ID is passed, not the check name.')
+            raise HTTPError(
+                404, f'Unknown check ID "{check_id}". Ensure that the check ID is passed, not the check name.'
+            )
         if check.ttl_s is None:
             raise HTTPError(500, f'CheckID "{check_id}" does not have associated TTL')
         if check.timer is not None:
@@ -730,8 +735,10 @@ class ConsulDouble:
             doomed = [k for k in self._kv if k.startswith(key)]
         else:
             existing = self._kv.get(key)
-            if "cas" in request.query and (existing is None or existing.modify_index != _int_param(request.query, "cas")):
-                return _json_response(False)
+            if "cas" in request.query:
+                cas = _int_param(request.query, "cas")
+                if existing is None or existing.modify_index != cas:
+                    return _json_response(False)
             doomed = [key] if existing is not None else []
         if doomed:
             index = self._bump(kv_keys=tuple(doomed))

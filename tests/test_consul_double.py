@@ -101,7 +101,7 @@ async def test_indexes_only_grow_until_reset(consul: tuple[ConsulDouble, httpx.A
     assert int((await client.get("/v1/catalog/services")).headers["X-Consul-Index"]) == 1
 
 
-async def test_acl(consul: tuple[ConsulDouble, httpx.AsyncClient]) -> None:
+async def test_acl() -> None:
     async with ConsulDouble(acl_token="t") as double, httpx.AsyncClient(base_url=double.url, trust_env=False) as client:
         register = {"Name": "svc"}
         assert (await client.put("/v1/agent/service/register", json=register)).status_code == 403

@@ -7,18 +7,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import json
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client import REGISTRY
+from pydantic import SecretStr
 
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
 from litellm_disagg.settings import ConsulRegistrySettings, DisaggSettings, FileRegistrySettings
@@ -76,10 +78,8 @@ class Watcher:
 
     async def stop(self) -> None:
         self.task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await self.task
-        except asyncio.CancelledError:
-            pass
 
 
 @pytest.fixture
@@ -93,7 +93,9 @@ async def registries() -> AsyncIterator[Callable[..., ConsulRegistry]]:
     """``make(double, **settings)`` -> a ConsulRegistry with fast test timings (closed after the test)."""
     made: list[ConsulRegistry] = []
 
-    def make(consul: ConsulDouble | None = None, *, environ: dict[str, str] | None = None, **settings: Any) -> ConsulRegistry:
+    def make(
+        consul: ConsulDouble | None = None, *, environ: dict[str, str] | None = None, **settings: Any
+    ) -> ConsulRegistry:
         if consul is not None:
             settings.setdefault("address", consul.address)
         registry = ConsulRegistry(ConsulRegistrySettings(**(FAST | settings)), environ=environ or {})
@@ -224,14 +226,23 @@ def test_service_names_are_dns_friendly() -> None:
     assert long != consul_codec.service_name_for("org/" + "very-long-model-name-" * 6, "litellm-disagg-")
 
 
-async def test_foreign_services_are_ignored(double: ConsulDouble, registries: Callable[..., ConsulRegistry]) -> None:
-    """Only services with our tag and name prefix are read: ``consul`` itself and other apps are left alone."""
+async def test_foreign_services_are_ignored(
+    double: ConsulDouble, registries: Callable[..., ConsulRegistry], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only our instances are read: by tag and name prefix; ``consul`` itself and other apps are left alone."""
+    registry = registries(double)
+    config = make_config("w-1")
+    await registry.publish(config)
     async with httpx.AsyncClient(base_url=double.url, trust_env=False) as client:
         await client.put("/v1/agent/service/register", json={"Name": "web", "Tags": ["litellm-disagg"]})
         await client.put("/v1/agent/service/register", json={"Name": "litellm-disagg-x", "ID": "untagged"})
-    registry = registries(double)
-    assert await registry.snapshot() == []
+        await client.put("/v1/agent/service/register", json={  # shares our service name, without our tag
+            "Name": "litellm-disagg-tiny-model", "ID": "sidecar", "Meta": {"version": "2"}})
+    caplog.set_level(logging.WARNING)
+    assert await registry.snapshot() == [config]
     assert not double.seen("GET", "/v1/health/service/web") and not double.seen("GET", "/v1/health/service/consul")
+    assert not double.seen("GET", "/v1/health/service/litellm-disagg-x")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 # -- ACL -------------------------------------------------------------------------------------------------------------
@@ -250,7 +261,7 @@ async def test_acl_token_is_sent(registries: Callable[..., ConsulRegistry]) -> N
 async def test_unknown_token_is_refused(registries: Callable[..., ConsulRegistry]) -> None:
     async with ConsulDouble(acl_token="s3cret") as consul:
         registry = registries(consul, token="wrong")
-        with pytest.raises(RegistryError, match="403.*ACL not found") as caught:
+        with pytest.raises(RegistryError, match=r"403.*ACL not found") as caught:
             await registry.snapshot()
         assert isinstance(caught.value, ConsulDenied)
         with pytest.raises(RegistryError, match="403"):
@@ -263,7 +274,7 @@ async def test_anonymous_writes_are_denied_and_reads_filtered(
     async with ConsulDouble(acl_token="s3cret") as consul:
         await registries(consul, token="s3cret").publish(make_config("w-1"))
         anonymous = registries(consul)
-        with pytest.raises(RegistryError, match="403.*Permission denied"):
+        with pytest.raises(RegistryError, match=r"403.*Permission denied"):
             await anonymous.publish(make_config("w-2"))
         assert await anonymous.snapshot() == []  # Consul filters listings for the anonymous token
         assert await anonymous.snapshot() == []
@@ -415,7 +426,9 @@ async def test_heartbeat_registers_again_when_the_agent_lost_it(
 # -- health checks ---------------------------------------------------------------------------------------------------
 
 
-async def test_critical_service_is_deregistered_after_the_configured_time(registries: Callable[..., ConsulRegistry]) -> None:
+async def test_critical_service_is_deregistered_after_the_configured_time(
+    registries: Callable[..., ConsulRegistry],
+) -> None:
     async with ConsulDouble(reap_interval_s=0.05, min_deregister_critical_s=0.0) as consul:
         registry = registries(consul, check_ttl_s=0.3, heartbeat_interval_s=0.1, deregister_critical_after_s=0.3)
         await registry.publish(make_config("w-1"))
@@ -499,15 +512,17 @@ def test_environment_variables_are_defaults(tmp_path: Path) -> None:
     assert "from-env" not in repr(endpoint)
 
     explicit = ConsulEndpoint.resolve(
-        ConsulRegistrySettings(address="http://10.0.0.9:8500", token="explicit", namespace="team-b"), env)
+        ConsulRegistrySettings(address="http://10.0.0.9:8500", token=SecretStr("explicit"), namespace="team-b"), env)
     assert explicit.base_url == "http://10.0.0.9:8500"  # a scheme in the address beats CONSUL_HTTP_SSL
     assert explicit.token == "explicit" and explicit.namespace == "team-b"
     assert explicit.request_extensions() == {}  # plain http: no TLS server name
 
     token_file = tmp_path / "token"
     token_file.write_text("from-file\n")
-    assert ConsulEndpoint.resolve(ConsulRegistrySettings(), env | {"CONSUL_HTTP_TOKEN_FILE": str(token_file)}).token == "from-file"
-    assert ConsulEndpoint.resolve(ConsulRegistrySettings(address="unix:///run/consul.sock"), {}).uds == "/run/consul.sock"
+    with_file = env | {"CONSUL_HTTP_TOKEN_FILE": str(token_file)}
+    assert ConsulEndpoint.resolve(ConsulRegistrySettings(), with_file).token == "from-file"  # as Consul's Go client
+    unix = ConsulEndpoint.resolve(ConsulRegistrySettings(address="unix:///run/consul.sock"), {})
+    assert (unix.uds, unix.base_url) == ("/run/consul.sock", "http://consul")
     assert not ConsulEndpoint.resolve(ConsulRegistrySettings(), env | {"CONSUL_HTTP_SSL_VERIFY": "false"}).verify
     with pytest.raises(ValueError, match="CONSUL_HTTP_SSL"):
         ConsulEndpoint.resolve(ConsulRegistrySettings(), {"CONSUL_HTTP_SSL": "maybe"})
@@ -520,7 +535,9 @@ async def test_environment_end_to_end(registries: Callable[..., ConsulRegistry])
         assert [c.worker_id for c in await registry.snapshot()] == ["w-1"]
 
 
-async def test_datacenter_and_namespace_are_sent(double: ConsulDouble, registries: Callable[..., ConsulRegistry]) -> None:
+async def test_datacenter_and_namespace_are_sent(
+    double: ConsulDouble, registries: Callable[..., ConsulRegistry]
+) -> None:
     registry = registries(double, datacenter="dc1", namespace="team-a")
     await registry.publish(make_config("w-1", model="模型" * 100))  # KV too
     await registry.heartbeat("w-1")
@@ -539,13 +556,14 @@ def test_tls_settings_build_the_ssl_context(tls_files: dict[str, Path]) -> None:
     context = endpoint.ssl_context()
     assert context is not None
     assert context.verify_mode is ssl.CERT_REQUIRED and context.check_hostname
-    assert any(dict(item[0] for item in ca["subject"]).get("commonName") == "test consul CA"
-               for ca in context.get_ca_certs())
+    assert any("test consul CA" in str(ca["subject"]) for ca in context.get_ca_certs())
     kwargs = endpoint.client_kwargs(5.0)
     assert kwargs["verify"] is not None and kwargs["trust_env"] is False
     assert endpoint.request_extensions() == {"sni_hostname": "consul.test"}
 
-    insecure = ConsulEndpoint.resolve(ConsulRegistrySettings(address="https://127.0.0.1:8501", tls_skip_verify=True), {})
+    insecure = ConsulEndpoint.resolve(
+        ConsulRegistrySettings(address="https://127.0.0.1:8501", tls_skip_verify=True), {}
+    )
     skip = insecure.ssl_context()
     assert skip is not None and skip.verify_mode is ssl.CERT_NONE and not skip.check_hostname
     with pytest.raises(ValueError, match="client key needs a client certificate"):
@@ -577,15 +595,16 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     directory = tmp_path_factory.mktemp("tls")
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def name(common: str) -> Any:
         return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
-    def issue(subject: str, issuer: str, key: Any, signer: Any, *, ca: bool = False, extra: list[Any] = ()) -> Any:
+    def issue(subject: str, issuer: str, key: Any, signer: Any, *, ca: bool = False, extra: Sequence[Any] = ()) -> Any:
         builder = (x509.CertificateBuilder().subject_name(name(subject)).issuer_name(name(issuer))
                    .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(days=1))
                    .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
         if ca:
             builder = builder.add_extension(x509.KeyUsage(

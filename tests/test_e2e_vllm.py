@@ -128,6 +128,36 @@ def test_client_transfer_params_are_dropped(stack):
     assert "evil-engine" not in stack.decode.log.read_text(errors="replace")
 
 
+BAD_REQUESTS = [
+    ("not json", b"{this is not json"),
+    ("messages not a list", {"model": "tiny", "messages": "hello"}),
+    ("no messages", {"model": "tiny", "messages": []}),
+    ("no model", {"messages": CHAT}),
+    ("max_tokens a string", {"model": "tiny", "messages": CHAT, "max_tokens": "many"}),
+    ("absurd max_tokens", {"model": "tiny", "messages": CHAT, "max_tokens": 10**12}),
+    ("negative max_tokens", {"model": "tiny", "messages": CHAT, "max_tokens": -5}),
+    ("prompt longer than the context", {"model": "tiny", "messages": [{"role": "user", "content": "word " * 5000}]}),
+    ("text prompt longer than the context", {"model": "tiny", "prompt": "word " * 5000}),
+    ("injected transfer params", {"model": "tiny", "messages": CHAT, "max_tokens": 3, "kv_transfer_params": "garbage"}),
+    ("unknown model", {"model": "no-such-model", "messages": CHAT}),
+]
+
+
+@pytest.mark.parametrize(("case", "body"), BAD_REQUESTS, ids=[c for c, _ in BAD_REQUESTS])
+def test_bad_input_gets_a_clean_answer_and_the_proxy_keeps_serving(stack, case, body):
+    path = "/v1/completions" if isinstance(body, dict) and "prompt" in body else "/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {MASTER_KEY}", "Content-Type": "application/json"}
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(f"{stack.proxy.url}{path}", headers=headers, timeout=120, **kwargs)
+    if case == "injected transfer params":
+        assert r.status_code == 200  # dropped, request served normally
+    else:
+        assert 400 <= r.status_code < 500, (r.status_code, r.text[:500])
+        assert "error" in r.json()
+    ok = stack.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=2)
+    assert ok.choices[0].message.content is not None
+
+
 def test_worker_joins_at_runtime_and_drains_without_loss(stack):
     extra = WorkerProc("decode", stack.model, stack.registry, stack.logs)
     stack.extra.append(extra)

@@ -7,6 +7,7 @@ test double for ``consul``) and that can write broken entries straight into that
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -187,10 +188,8 @@ class WatchCollector:
 
     async def stop(self) -> None:
         self.task.cancel()
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await self.task
-        except asyncio.CancelledError:
-            pass
 
 
 # -- the contract ------------------------------------------------------------------------------------------------------

@@ -21,8 +21,13 @@ from typing import Any
 from litellm_disagg.sim.protocol import ChatMessage
 
 
-def render_chat(messages: Sequence[ChatMessage], *, add_generation_prompt: bool = True,
-                continue_final_message: bool = False, tools: Sequence[dict[str, Any]] | None = None) -> str:
+def render_chat(
+    messages: Sequence[ChatMessage],
+    *,
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    tools: Sequence[dict[str, Any]] | None = None,
+) -> str:
     parts: list[str] = []
     if tools:
         parts.append(f"<|im_start|>system\n# Tools\n{json.dumps(list(tools), sort_keys=True)}<|im_end|>\n")

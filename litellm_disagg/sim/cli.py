@@ -32,8 +32,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--both", type=int, default=0, help="workers that do both (default 0)")
     p.add_argument("--model", help="served model name (default: sim-model)")
     p.add_argument("--name", default=f"sim{os.getpid()}", help="worker id prefix (default: sim<pid>)")
-    p.add_argument("--registry-dir", default=None,
-                   help="file registry directory (default: $LITELLM_DISAGG_REGISTRY_DIR or ~/.cache/litellm-disagg/registry)")
+    p.add_argument(
+        "--registry-dir",
+        default=None,
+        help="file registry directory (default: $LITELLM_DISAGG_REGISTRY_DIR or ~/.cache/litellm-disagg/registry)",
+    )
     p.add_argument("--ttl", type=float, default=FileRegistrySettings().ttl_s, help="registry entry TTL, seconds")
     p.add_argument("--heartbeat-interval", type=float, default=FileRegistrySettings().heartbeat_interval_s)
     p.add_argument("--speedup", type=float, help="run simulated time this many times faster than real time")
@@ -43,8 +46,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--kv-events", action="store_true", help="publish KV events (ZMQ, a free port on 127.0.0.1)")
     p.add_argument("--drain-timeout", type=float, default=60.0)
-    p.add_argument("--drain-settle", type=float, default=1.0,
-                   help="seconds a draining worker must stay idle before it leaves (covers routers' poll interval)")
+    p.add_argument(
+        "--drain-settle",
+        type=float,
+        default=1.0,
+        help="seconds a draining worker must stay idle before it leaves (covers routers' poll interval)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -52,9 +59,15 @@ def parser() -> argparse.ArgumentParser:
 def settings_from_args(args: argparse.Namespace) -> SimSettings:
     base = SimSettings()
     top: dict[str, Any] = base.model_dump()
-    engine = {"block_size": args.block_size, "num_gpu_blocks": args.num_gpu_blocks, "max_model_len": args.max_model_len,
-              "max_num_seqs": args.max_num_seqs}
-    top["engine"] = EngineSettings.model_validate({**top["engine"], **{k: v for k, v in engine.items() if v is not None}})
+    engine = {
+        "block_size": args.block_size,
+        "num_gpu_blocks": args.num_gpu_blocks,
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs,
+    }
+    top["engine"] = EngineSettings.model_validate(
+        {**top["engine"], **{k: v for k, v in engine.items() if v is not None}}
+    )
     if args.speedup is not None:
         top["timing"] = TimingSettings.model_validate({**top["timing"], "speedup": args.speedup})
     if args.model:
@@ -78,13 +91,17 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, on_signal)
-    cluster = SimCluster(registry=registry, settings=settings, name=args.name,
-                         heartbeat_interval_s=args.heartbeat_interval)
+    cluster = SimCluster(
+        registry=registry, settings=settings, name=args.name, heartbeat_interval_s=args.heartbeat_interval
+    )
     try:
         workers = await cluster.start(prefill=args.prefill, decode=args.decode, both=args.both)
         for w in workers:
-            print(f"READY {w.worker_id} {w.base_url}" + (f" kv-events {w.kv_events_endpoint}" if w.kv_events_endpoint else ""),
-                  flush=True)
+            print(
+                f"READY {w.worker_id} {w.base_url}"
+                + (f" kv-events {w.kv_events_endpoint}" if w.kv_events_endpoint else ""),
+                flush=True,
+            )
         await stop.wait()
         logging.getLogger(__name__).info("draining %d workers", len(cluster.workers))
         await cluster.drain_all(timeout_s=args.drain_timeout, settle_s=args.drain_settle)

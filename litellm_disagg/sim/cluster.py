@@ -23,8 +23,16 @@ from litellm_disagg.workers.registry import Registry
 
 
 class SimCluster:
-    def __init__(self, *, registry: Registry | None = None, settings: SimSettings | None = None, name: str = "sim",
-                 heartbeat_interval_s: float = 2.0, host: str = "127.0.0.1", directory: EngineDirectory = DIRECTORY):
+    def __init__(
+        self,
+        *,
+        registry: Registry | None = None,
+        settings: SimSettings | None = None,
+        name: str = "sim",
+        heartbeat_interval_s: float = 2.0,
+        host: str = "127.0.0.1",
+        directory: EngineDirectory = DIRECTORY,
+    ):
         self.registry = registry
         self.settings = settings or SimSettings()
         self.name = name
@@ -37,21 +45,31 @@ class SimCluster:
     async def __aenter__(self) -> SimCluster:
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await self.close()
 
     async def start(self, *, prefill: int = 0, decode: int = 0, both: int = 0) -> list[SimWorker]:
         roles = [WorkerRole.PREFILL] * prefill + [WorkerRole.DECODE] * decode + [WorkerRole.BOTH] * both
         return list(await asyncio.gather(*(self.add(role) for role in roles)))
 
-    async def add(self, role: WorkerRole, *, worker_id: str | None = None, settings: SimSettings | None = None) -> SimWorker:
+    async def add(
+        self, role: WorkerRole, *, worker_id: str | None = None, settings: SimSettings | None = None
+    ) -> SimWorker:
         """Start one more worker (``settings`` overrides the cluster's for this one) and register it."""
         worker_id = worker_id or f"{self.name}-{role.value}-{next(self._counter)}"
         if worker_id in self.workers:
             raise ValueError(f"worker id {worker_id!r} is taken")
-        worker = SimWorker(worker_id, role, settings or self.settings, registry=self.registry,
-                           heartbeat_interval_s=self.heartbeat_interval_s, host=self.host, directory=self.directory)
+        worker = SimWorker(
+            worker_id,
+            role,
+            settings or self.settings,
+            registry=self.registry,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+            host=self.host,
+            directory=self.directory,
+        )
         self.workers[worker_id] = worker
         try:
             await worker.start()
@@ -66,8 +84,11 @@ class SimCluster:
 
     def workers_with(self, role: WorkerRole, *, live: bool = True) -> list[SimWorker]:
         """Workers of ``role`` (only those still serving when ``live``), in the order they joined."""
-        return [w for w in self.workers.values()
-                if w.role is role and (not live or w.state in (SimWorkerState.READY, SimWorkerState.DRAINING))]
+        return [
+            w
+            for w in self.workers.values()
+            if w.role is role and (not live or w.state in (SimWorkerState.READY, SimWorkerState.DRAINING))
+        ]
 
     async def drain(self, worker_id: str, *, timeout_s: float = 30.0, settle_s: float = 0.0) -> bool:
         return await self.workers[worker_id].drain(timeout_s=timeout_s, settle_s=settle_s)

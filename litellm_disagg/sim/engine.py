@@ -79,9 +79,17 @@ class RequestStream:
 
 
 class SimEngine:
-    def __init__(self, settings: SimSettings, role: WorkerRole, *, engine_id: str | None = None,
-                 nixl_host: str = "127.0.0.1", nixl_port: int = 1, directory: EngineDirectory = DIRECTORY,
-                 publisher: KVEventPublisher | None = None):
+    def __init__(
+        self,
+        settings: SimSettings,
+        role: WorkerRole,
+        *,
+        engine_id: str | None = None,
+        nixl_host: str = "127.0.0.1",
+        nixl_port: int = 1,
+        directory: EngineDirectory = DIRECTORY,
+        publisher: KVEventPublisher | None = None,
+    ):
         self.settings = settings
         self.role = role
         self.engine_id = engine_id or str(uuid.uuid4())
@@ -93,10 +101,15 @@ class SimEngine:
         self.stats = EngineStats()
         self._events: list[KVEvent] = []
         cfg = settings.engine
-        self.pool = BlockPool(cfg.num_gpu_blocks, cfg.block_size, enable_prefix_caching=cfg.enable_prefix_caching,
-                              on_event=self._events.append if publisher is not None else None)
-        self.scheduler = Scheduler(cfg, self.pool, self.stats, hold_for_remote_decode=role.can_prefill,
-                                   pull_remote_kv=role.can_decode)
+        self.pool = BlockPool(
+            cfg.num_gpu_blocks,
+            cfg.block_size,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            on_event=self._events.append if publisher is not None else None,
+        )
+        self.scheduler = Scheduler(
+            cfg, self.pool, self.stats, hold_for_remote_decode=role.can_prefill, pull_remote_kv=role.can_decode
+        )
         self._streams: dict[str, RequestStream] = {}
         self._pulls: dict[str, asyncio.Task[None]] = {}
         self._wake = asyncio.Event()
@@ -286,8 +299,9 @@ class SimEngine:
             self.scheduler.remote_kv_loaded(req.request_id)
         else:
             self.stats.nixl_failed_transfers += 1
-            logger.info("request %s: KV pull from engine %s failed; recomputing the prompt", req.request_id,
-                        remote.engine_id)
+            logger.info(
+                "request %s: KV pull from engine %s failed; recomputing the prompt", req.request_id, remote.engine_id
+            )
             self.scheduler.remote_kv_failed(req.request_id)
         self._wake.set()
 

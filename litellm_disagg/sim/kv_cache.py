@@ -33,8 +33,14 @@ class Block:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True,
-                 on_event: Callable[[KVEvent], None] | None = None):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        enable_prefix_caching: bool = True,
+        on_event: Callable[[KVEvent], None] | None = None,
+    ):
         if num_blocks < 1 or block_size < 1:
             raise ValueError("num_blocks and block_size must be positive")
         self.num_blocks = num_blocks
@@ -111,8 +117,9 @@ class BlockPool:
             self._emit(BlockRemoved(tuple(evicted)))
         return ids
 
-    def cache_full_blocks(self, block_ids: Sequence[int], hashes: Sequence[BlockHash], parent: BlockHash | None,
-                          token_ids: Sequence[int]) -> None:
+    def cache_full_blocks(
+        self, block_ids: Sequence[int], hashes: Sequence[BlockHash], parent: BlockHash | None, token_ids: Sequence[int]
+    ) -> None:
         """Enter full, computed blocks in the prefix cache, in order (``token_ids``: all their tokens; ``parent``: the
         hash of the block before the first one). One ``BlockStored`` per contiguous run of newly cached blocks.
 
@@ -136,8 +143,14 @@ class BlockPool:
             run = []
         self._flush_run(run, run_start, hashes, parent, token_ids)
 
-    def _flush_run(self, run: list[BlockHash], start: int, hashes: Sequence[BlockHash], parent: BlockHash | None,
-                   token_ids: Sequence[int]) -> None:
+    def _flush_run(
+        self,
+        run: list[BlockHash],
+        start: int,
+        hashes: Sequence[BlockHash],
+        parent: BlockHash | None,
+        token_ids: Sequence[int],
+    ) -> None:
         if run:
             run_parent = hashes[start - 1] if start > 0 else parent
             tokens = token_ids[start * self.block_size : (start + len(run)) * self.block_size]

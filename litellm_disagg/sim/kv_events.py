@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgpack
+import msgpack  # type: ignore[import-untyped]  # no stubs; plain packb/unpackb
 
 from litellm_disagg.sim.hashing import BlockHash
 
@@ -67,13 +67,20 @@ def _wire(event: KVEvent) -> dict[str, Any]:
             "group_idx": 0,
         }
     if isinstance(event, BlockRemoved):
-        return {"type": "BlockRemoved", "block_hashes": list(event.block_hashes), "medium": event.medium, "group_idx": 0}
+        return {
+            "type": "BlockRemoved",
+            "block_hashes": list(event.block_hashes),
+            "medium": event.medium,
+            "group_idx": 0,
+        }
     return {"type": "AllBlocksCleared"}
 
 
 def encode_batch(ts: float, events: Sequence[KVEvent], data_parallel_rank: int = 0) -> bytes:
     """One event batch as vLLM's publisher sends it (the third frame)."""
-    return msgpack.packb([float(ts), [_wire(e) for e in events], data_parallel_rank], use_bin_type=True)
+    payload = msgpack.packb([float(ts), [_wire(e) for e in events], data_parallel_rank], use_bin_type=True)
+    assert isinstance(payload, bytes)
+    return payload
 
 
 def decode_batch(payload: bytes) -> tuple[float, list[KVEvent], int | None]:
@@ -84,8 +91,16 @@ def decode_batch(payload: bytes) -> tuple[float, list[KVEvent], int | None]:
     for raw in raw_events:
         kind = raw.get("type") if isinstance(raw, dict) else None
         if kind == "BlockStored":
-            events.append(BlockStored(tuple(raw["block_hashes"]), raw["parent_block_hash"], tuple(raw["token_ids"]),
-                                      raw["block_size"], raw.get("lora_id"), raw.get("medium")))
+            events.append(
+                BlockStored(
+                    tuple(raw["block_hashes"]),
+                    raw["parent_block_hash"],
+                    tuple(raw["token_ids"]),
+                    raw["block_size"],
+                    raw.get("lora_id"),
+                    raw.get("medium"),
+                )
+            )
         elif kind == "BlockRemoved":
             events.append(BlockRemoved(tuple(raw["block_hashes"]), raw.get("medium")))
         elif kind == "AllBlocksCleared":

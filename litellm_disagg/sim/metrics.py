@@ -40,37 +40,53 @@ class EngineCollector(Collector):
             c.add_metric(ids, value)
             return c
 
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", e.scheduler.num_running)
+        yield gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", e.scheduler.num_running
+        )
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", e.scheduler.num_waiting)
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", e.pool.usage)
-        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
-                      s.prefix_cache_queries)
-        yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
-                      s.prefix_cache_hits)
-        by_source = CounterMetricFamily("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
-                                        labels=[*base, "source"])
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            s.prefix_cache_queries,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.", s.prefix_cache_hits
+        )
+        by_source = CounterMetricFamily(
+            "vllm:prompt_tokens_by_source", "Number of prompt tokens by source.", labels=[*base, "source"]
+        )
         by_source.add_metric([*ids, "local_compute"], s.prompt_tokens_local_compute)
         by_source.add_metric([*ids, "local_cache_hit"], s.prompt_tokens_local_cache_hit)
         by_source.add_metric([*ids, "external_kv_transfer"], s.prompt_tokens_external_kv_transfer)
         yield by_source
-        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
-                      s.prompt_tokens_local_compute + s.prompt_tokens_local_cache_hit + s.prompt_tokens_external_kv_transfer)
+        yield counter(
+            "vllm:prompt_tokens",
+            "Number of prefill tokens processed.",
+            s.prompt_tokens_local_compute + s.prompt_tokens_local_cache_hit + s.prompt_tokens_external_kv_transfer,
+        )
         yield counter("vllm:generation_tokens", "Number of generation tokens processed.", s.generation_tokens)
-        success = CounterMetricFamily("vllm:request_success", "Count of successfully processed requests.",
-                                      labels=[*base, "finished_reason"])
+        success = CounterMetricFamily(
+            "vllm:request_success", "Count of successfully processed requests.", labels=[*base, "finished_reason"]
+        )
         for reason in FINISH_REASONS:
             success.add_metric([*ids, reason], s.request_success.get(reason, 0))
         yield success
         yield counter("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", s.num_preemptions)
-        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                                 labels=[*base, "block_size", "num_gpu_blocks", "enable_prefix_caching"])
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=[*base, "block_size", "num_gpu_blocks", "enable_prefix_caching"],
+        )
         cfg = e.settings.engine
         info.add_metric([*ids, str(cfg.block_size), str(cfg.num_gpu_blocks), str(cfg.enable_prefix_caching)], 1.0)
         yield info
-        yield counter("vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.",
-                      s.nixl_failed_transfers)
-        xfer = HistogramMetricFamily("vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.",
-                                     labels=base)
+        yield counter(
+            "vllm:nixl_num_failed_transfers", "Number of failed NIXL KV Cache transfers.", s.nixl_failed_transfers
+        )
+        xfer = HistogramMetricFamily(
+            "vllm:nixl_xfer_time_seconds", "Histogram of transfer duration for NIXL KV Cache transfers.", labels=base
+        )
         xfer.add_metric(ids, s.nixl_xfer_time.cumulative(), s.nixl_xfer_time.total)
         yield xfer
 

@@ -94,14 +94,17 @@ class ChatCompletionRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    prompt: str | Annotated[list[int], Field(min_length=1)] | Annotated[list[str], Field(min_length=1, max_length=1)]
+    prompt: str | Annotated[list[int], Field(min_length=1)]
+    """One prompt: text, or token ids. A list of one string is taken as that string; more prompts are refused."""
     echo: bool | None = False
 
-    @field_validator("prompt")
+    @field_validator("prompt", mode="before")
     @classmethod
-    def _single_prompt(cls, value: str | list[int] | list[str]) -> str | list[int]:
-        if isinstance(value, list) and value and isinstance(value[0], str):
-            return str(value[0])
+    def _single_prompt(cls, value: object) -> object:
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+            if len(value) != 1:
+                raise ValueError("only one prompt per request is supported")
+            return value[0]
         return value
 
 
@@ -151,5 +154,10 @@ def remote_prefill(params: dict[str, Any] | None) -> RemotePrefill | None:
         if all(isinstance(b, int) and not isinstance(b, bool) for b in flat):
             blocks = tuple(flat)
     host, port = params.get("remote_host"), params.get("remote_port")
-    return RemotePrefill(engine_id=engine_id, request_id=request_id, block_ids=blocks,
-                         host=host if isinstance(host, str) else None, port=port if isinstance(port, int) else None)
+    return RemotePrefill(
+        engine_id=engine_id,
+        request_id=request_id,
+        block_ids=blocks,
+        host=host if isinstance(host, str) else None,
+        port=port if isinstance(port, int) else None,
+    )

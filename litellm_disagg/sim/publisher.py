@@ -7,6 +7,7 @@ blocks: past the high-water mark ZMQ drops, as vLLM's PUB socket does. No replay
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 
@@ -16,8 +17,15 @@ from litellm_disagg.sim.kv_events import KVEvent, encode_batch
 
 
 class KVEventPublisher:
-    def __init__(self, *, topic: str = "kv", host: str = "127.0.0.1", port: int = 0, hwm: int = 100_000,
-                 context: zmq.Context[zmq.Socket[bytes]] | None = None):
+    def __init__(
+        self,
+        *,
+        topic: str = "kv",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        hwm: int = 100_000,
+        context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    ):
         self._ctx = context or zmq.Context.instance()
         self._sock: zmq.Socket[bytes] = self._ctx.socket(zmq.PUB)
         self._sock.setsockopt(zmq.SNDHWM, hwm)
@@ -36,10 +44,8 @@ class KVEventPublisher:
         if not events or self._sock.closed:
             return
         payload = encode_batch(time.time() if ts is None else ts, events)
-        try:
+        with contextlib.suppress(zmq.Again):  # no room: dropped, like a PUB socket past its high-water mark
             self._sock.send_multipart((self._topic, self._seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK)
-        except zmq.Again:
-            pass  # no room: dropped, like a PUB socket past its high-water mark
         self._seq += 1
         self.batches_sent += 1
 

@@ -109,8 +109,15 @@ class SimRequest:
         return self.block_hashes
 
 
-def output_budget(prompt_len: int, *, max_tokens: int | None, ignore_eos: bool, max_model_len: int,
-                  mean_output_tokens: int, prompt_token_ids: Sequence[int]) -> tuple[int, FinishReason]:
+def output_budget(
+    prompt_len: int,
+    *,
+    max_tokens: int | None,
+    ignore_eos: bool,
+    max_model_len: int,
+    mean_output_tokens: int,
+    prompt_token_ids: Sequence[int],
+) -> tuple[int, FinishReason]:
     """How many tokens a request generates, and why it stops there.
 
     With ``max_tokens``: exactly that many (``length``), so benchmarks control output lengths. Without: a

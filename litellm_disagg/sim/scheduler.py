@@ -64,8 +64,15 @@ class RequestOutput:
 
 
 class Scheduler:
-    def __init__(self, settings: EngineSettings, pool: BlockPool, stats: EngineStats | None = None, *,
-                 hold_for_remote_decode: bool = True, pull_remote_kv: bool = True):
+    def __init__(
+        self,
+        settings: EngineSettings,
+        pool: BlockPool,
+        stats: EngineStats | None = None,
+        *,
+        hold_for_remote_decode: bool = True,
+        pull_remote_kv: bool = True,
+    ):
         self.settings = settings
         self.pool = pool
         self.stats = stats or EngineStats()
@@ -169,14 +176,14 @@ class Scheduler:
                 self.waiting.popleft()
                 step.transfers.append(req)
                 continue
-            n = self._admit(req, budget)
-            if n is None:
+            chunk = self._admit(req, budget)
+            if chunk is None:
                 break
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
             self.running.append(req)
-            step.add(req, n)
-            budget -= n
+            step.add(req, chunk)
+            budget -= chunk
         return step
 
     def complete(self, step: ScheduledStep, now: float) -> list[RequestOutput]:
@@ -333,8 +340,12 @@ class Scheduler:
             return
         hashes = req.hashes(self.block_size)
         bs = self.block_size
-        self.pool.cache_full_blocks(req.block_ids[start:full], hashes[start:full], hashes[start - 1] if start else None,
-                                    req.all_token_ids[start * bs : full * bs])
+        self.pool.cache_full_blocks(
+            req.block_ids[start:full],
+            hashes[start:full],
+            hashes[start - 1] if start else None,
+            req.all_token_ids[start * bs : full * bs],
+        )
         req.num_cached_blocks = full
 
     def _finish(self, req: SimRequest, now: float) -> Lease | None:
@@ -344,8 +355,9 @@ class Scheduler:
         req.finish_reason = req.limit_reason
         self.stats.request_success[req.limit_reason] += 1
         if req.do_remote_decode and req.block_ids:
-            lease = Lease(req.request_id, req.block_ids, tuple(req.prompt_token_ids),
-                          now + self.settings.kv_lease_timeout_s)
+            lease = Lease(
+                req.request_id, req.block_ids, tuple(req.prompt_token_ids), now + self.settings.kv_lease_timeout_s
+            )
             self.leases[req.request_id] = lease
             req.block_ids = []
             return lease

@@ -87,10 +87,23 @@ def build_app(engine: SimEngine, state: ServerState | None = None) -> Starlette:
         return Response(status_code=200 if ok else 503)
 
     async def models(_: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{
-            "id": model, "object": "model", "created": int(time.time()), "owned_by": "vllm", "root": model,
-            "parent": None, "max_model_len": max_model_len, "permission": [],
-        }]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": model,
+                        "object": "model",
+                        "created": int(time.time()),
+                        "owned_by": "vllm",
+                        "root": model,
+                        "parent": None,
+                        "max_model_len": max_model_len,
+                        "permission": [],
+                    }
+                ],
+            }
+        )
 
     async def version(_: Request) -> Response:
         return JSONResponse({"version": f"litellm-disagg-sim {__version__}"})
@@ -109,8 +122,12 @@ def build_app(engine: SimEngine, state: ServerState | None = None) -> Starlette:
             body = _validate(TokenizeRequest, await _json(request))
             _check_model(body.model, model)
             if body.messages is not None:
-                text = render_chat(body.messages, add_generation_prompt=body.add_generation_prompt,
-                                   continue_final_message=body.continue_final_message, tools=body.tools)
+                text = render_chat(
+                    body.messages,
+                    add_generation_prompt=body.add_generation_prompt,
+                    continue_final_message=body.continue_final_message,
+                    tools=body.tools,
+                )
             elif body.prompt is not None:
                 text = body.prompt
             else:
@@ -171,8 +188,12 @@ def build_app(engine: SimEngine, state: ServerState | None = None) -> Starlette:
             body: _Request = _validate(ChatCompletionRequest, raw)
             assert isinstance(body, ChatCompletionRequest)
             try:
-                text = render_chat(body.messages, add_generation_prompt=bool(body.add_generation_prompt),
-                                   continue_final_message=bool(body.continue_final_message), tools=body.tools)
+                text = render_chat(
+                    body.messages,
+                    add_generation_prompt=bool(body.add_generation_prompt),
+                    continue_final_message=bool(body.continue_final_message),
+                    tools=body.tools,
+                )
             except ValueError as exc:
                 raise ApiError(400, str(exc)) from exc
             ids = tokenizer.encode(text)
@@ -197,15 +218,26 @@ def build_app(engine: SimEngine, state: ServerState | None = None) -> Starlette:
         n_prompt = len(prepared.prompt_ids)
         limit = prepared.body.output_limit()
         if limit is not None and n_prompt + limit > max_model_len:
-            raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, you requested "
-                                f"{n_prompt + limit} tokens ({n_prompt} in the messages, {limit} in the completion). "
-                                "Please reduce the length of the messages or completion.")
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                f"{n_prompt + limit} tokens ({n_prompt} in the messages, {limit} in the completion). "
+                "Please reduce the length of the messages or completion.",
+            )
         if n_prompt >= max_model_len:
-            raise ApiError(400, f"This model's maximum context length is {max_model_len} tokens. However, your request "
-                                f"has {n_prompt} input tokens. Please reduce the length of the input messages.")
-        return output_budget(n_prompt, max_tokens=limit, ignore_eos=bool(prepared.body.ignore_eos),
-                             max_model_len=max_model_len, mean_output_tokens=engine.settings.engine.default_output_tokens,
-                             prompt_token_ids=prepared.prompt_ids)
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens. However, your request "
+                f"has {n_prompt} input tokens. Please reduce the length of the input messages.",
+            )
+        return output_budget(
+            n_prompt,
+            max_tokens=limit,
+            ignore_eos=bool(prepared.body.ignore_eos),
+            max_model_len=max_model_len,
+            mean_output_tokens=engine.settings.engine.default_output_tokens,
+            prompt_token_ids=prepared.prompt_ids,
+        )
 
     async def _sse(prepared: _Prepared, stream: RequestStream, *, chat: bool) -> AsyncIterator[str]:
         body = prepared.body
@@ -244,17 +276,19 @@ def build_app(engine: SimEngine, state: ServerState | None = None) -> Starlette:
             if not finished:
                 stream.abort()
 
-    app = Starlette(routes=[
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/version", version, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]),
-        Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-    ])
+    app = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/version", version, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
+            Route("/reset_prefix_cache", reset_prefix_cache, methods=["POST"]),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/completions", completions, methods=["POST"]),
+        ]
+    )
     app.state.sim_engine = engine
     app.state.sim_state = state
     return app
@@ -317,13 +351,21 @@ async def _collect_or_abort(request: Request, stream: RequestStream) -> list[Del
 
 
 def _usage(prompt: int, completion: int, cached: int) -> dict[str, Any]:
-    return {"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+    return {
+        "prompt_tokens": prompt,
+        "total_tokens": prompt + completion,
+        "completion_tokens": completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
 
 
 def _chunk(prepared: _Prepared, created: int, choice: dict[str, Any] | None, *, chat: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"id": prepared.request_id, "object": "chat.completion.chunk" if chat else "text_completion",
-                           "created": created, "model": prepared.model}
+    out: dict[str, Any] = {
+        "id": prepared.request_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": prepared.model,
+    }
     if choice is not None:
         full = {"index": 0, **choice, "logprobs": None}
         full.setdefault("finish_reason", None)
@@ -344,15 +386,43 @@ def _full_response(prepared: _Prepared, req: SimRequest, deltas: list[Delta], *,
     usage = _usage(len(prepared.prompt_ids), len(tokens), req.num_cached_prompt_tokens)
     common = {"id": prepared.request_id, "created": int(time.time()), "model": prepared.model}
     if chat:
-        message = {"role": "assistant", "content": text, "refusal": None, "tool_calls": [], "reasoning_content": None}
-        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": last.finish_reason,
-                  "stop_reason": None}
-        return {**common, "object": "chat.completion", "choices": [choice], "usage": usage, "prompt_logprobs": None,
-                "kv_transfer_params": last.kv_transfer_params}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "tool_calls": [],
+            "reasoning_content": None,
+        }
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": last.finish_reason,
+            "stop_reason": None,
+        }
+        return {
+            **common,
+            "object": "chat.completion",
+            "choices": [choice],
+            "usage": usage,
+            "prompt_logprobs": None,
+            "kv_transfer_params": last.kv_transfer_params,
+        }
     body = prepared.body
     if isinstance(body, CompletionRequest) and body.echo:
         text = prepared.prompt_text + text
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason, "stop_reason": None,
-              "prompt_logprobs": None}
-    return {**common, "object": "text_completion", "choices": [choice], "usage": usage,
-            "kv_transfer_params": last.kv_transfer_params}
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": last.finish_reason,
+        "stop_reason": None,
+        "prompt_logprobs": None,
+    }
+    return {
+        **common,
+        "object": "text_completion",
+        "choices": [choice],
+        "usage": usage,
+        "kv_transfer_params": last.kv_transfer_params,
+    }

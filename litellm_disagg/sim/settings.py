@@ -79,7 +79,9 @@ class EngineSettings(BaseModel):
 class SimSettings(BaseSettings):
     """Everything one simulated worker needs besides its role and identity."""
 
-    model_config = SettingsConfigDict(env_prefix="LITELLM_DISAGG_SIM_", env_nested_delimiter="__", extra="forbid", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="LITELLM_DISAGG_SIM_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
 
     model: Annotated[str, Field(min_length=1, max_length=256)] = "sim-model"
     """The served model name (what clients and the router put in ``model``)."""

@@ -59,7 +59,10 @@ class TimingModel:
     def transfer_time(self, num_tokens: int) -> float:
         if num_tokens <= 0:
             return 0.0
-        return self.settings.kv_transfer_latency_s + num_tokens * self.settings.kv_bytes_per_token / self.settings.kv_transfer_bytes_per_s
+        return (
+            self.settings.kv_transfer_latency_s
+            + num_tokens * self.settings.kv_bytes_per_token / self.settings.kv_transfer_bytes_per_s
+        )
 
     def transfer_bytes(self, num_tokens: int) -> int:
         return max(num_tokens, 0) * self.settings.kv_bytes_per_token

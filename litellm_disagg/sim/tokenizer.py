@@ -1,10 +1,10 @@
 """A deterministic, model-free tokenizer: about one token per word, and exact on the text the simulator generates.
 
 Text is split at special tokens, then into pieces (a word with the whitespace before it, one punctuation character
-with the whitespace before it, whitespace before a special token or the end). A piece that is one of the simulator's own pseudo-words (``" kalo"``, the
-words generated text is made of) has a fixed id, so ``encode(decode(ids)) == ids`` for generated tokens and a
-conversation that sends the model's answers back tokenizes them as they were generated. Any other piece gets a stable
-hash id. Same text, same ids, in every process.
+with the whitespace before it, whitespace before a special token or the end). A piece that is one of the simulator's
+own pseudo-words (``" kalo"``, the words generated text is made of) has a fixed id, so ``encode(decode(ids)) == ids``
+for generated tokens and a conversation that sends the model's answers back tokenizes them as they were generated.
+Any other piece gets a stable hash id (not invertible). Same text, same ids, in every process.
 
 Ids::
 

@@ -53,9 +53,17 @@ class _Server(uvicorn.Server):
 
 
 class SimWorker:
-    def __init__(self, worker_id: str, role: WorkerRole, settings: SimSettings | None = None, *,
-                 registry: Registry | None = None, heartbeat_interval_s: float = 2.0, host: str = "127.0.0.1",
-                 directory: EngineDirectory = DIRECTORY):
+    def __init__(
+        self,
+        worker_id: str,
+        role: WorkerRole,
+        settings: SimSettings | None = None,
+        *,
+        registry: Registry | None = None,
+        heartbeat_interval_s: float = 2.0,
+        host: str = "127.0.0.1",
+        directory: EngineDirectory = DIRECTORY,
+    ):
         self.worker_id = worker_id
         self.role = role
         self.settings = settings or SimSettings()
@@ -98,8 +106,14 @@ class SimWorker:
         nixl_port = int(self._nixl_sock.getsockname()[1])
         if self.settings.kv_events:
             self.publisher = KVEventPublisher(topic=self.settings.kv_events_topic, host=self.host)
-        self.engine = SimEngine(self.settings, self.role, nixl_host=self.host, nixl_port=nixl_port,
-                                directory=self.directory, publisher=self.publisher)
+        self.engine = SimEngine(
+            self.settings,
+            self.role,
+            nixl_host=self.host,
+            nixl_port=nixl_port,
+            directory=self.directory,
+            publisher=self.publisher,
+        )
         await self.engine.start()
         await self._start_server()
         self.config = RuntimeConfig(
@@ -145,7 +159,9 @@ class SimWorker:
                 break
             await asyncio.sleep(0.01)
         if not drained:
-            logger.warning("worker %s: drain timeout after %.1fs, stopping with work in flight", self.worker_id, timeout_s)
+            logger.warning(
+                "worker %s: drain timeout after %.1fs, stopping with work in flight", self.worker_id, timeout_s
+            )
         await self.stop()
         return drained
 
@@ -191,8 +207,14 @@ class SimWorker:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
         self.port = int(sock.getsockname()[1])
-        config = uvicorn.Config(build_app(self.engine, self.server_state), log_level="warning", access_log=False,
-                                lifespan="off", timeout_graceful_shutdown=5, timeout_keep_alive=30)
+        config = uvicorn.Config(
+            build_app(self.engine, self.server_state),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+            timeout_keep_alive=30,
+        )
         self._server = _Server(config)
         self._serve_task = asyncio.create_task(self._server.serve(sockets=[sock]), name=f"sim-http-{self.worker_id}")
         while not self._server.started:

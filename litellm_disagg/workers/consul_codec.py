@@ -88,7 +88,9 @@ def encode(config: RuntimeConfig, *, kv_prefix: str) -> Encoded:
         return Encoded(meta=meta)
     document = json.dumps(config.model_dump(mode="json"), sort_keys=True, separators=(",", ":")).encode()
     if len(document) > KV_MAX_VALUE_BYTES:
-        raise ConfigTooLarge(f"config of {config.worker_id!r} is {len(document)} bytes; Consul KV holds {KV_MAX_VALUE_BYTES}")
+        raise ConfigTooLarge(
+            f"config of {config.worker_id!r} is {len(document)} bytes; one Consul KV value holds {KV_MAX_VALUE_BYTES}"
+        )
     key = kv_key(kv_prefix, config.worker_id, document)
     summary = {FORMAT_KEY: FORMAT_KV, KV_KEY: key}
     for name in _SUMMARY_FIELDS:
@@ -108,7 +110,7 @@ def worker_id_prefix(kv_prefix: str, worker_id: str) -> str:
 
 
 def _as_meta(config: RuntimeConfig) -> dict[str, str] | None:
-    """The config as Meta strings, or ``None`` when a field has no string form (a list, or a ``None`` over a default)."""
+    """The config as Meta strings, or ``None`` when a field has no string form (a list; ``None`` over a default)."""
     meta: dict[str, str] = {}
     for name, value in config.model_dump(mode="json").items():
         if value is None:

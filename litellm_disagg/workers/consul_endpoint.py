@@ -21,6 +21,7 @@ datacenter                     (settings only)             none (``?dc=`` not se
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
 from collections.abc import Mapping
@@ -153,7 +154,7 @@ class ConsulEndpoint:
     def client_kwargs(self, timeout_s: float) -> dict[str, Any]:
         """Keyword arguments for ``httpx.AsyncClient``. Proxy variables are ignored: Consul is a local agent."""
         ctx = self.ssl_context()
-        verify: ssl.SSLContext | bool = ctx if ctx is not None else True
+        verify = ctx if ctx is not None else _unused_tls_context()
         kwargs: dict[str, Any] = {
             "base_url": self.base_url,
             "headers": self.headers(),
@@ -177,6 +178,13 @@ def _base_url(address: str, ssl_flag: bool) -> tuple[str, str | None]:
     if scheme in ("http", "https"):
         return f"{scheme}://{rest.rstrip('/')}", None
     raise ValueError(f"unsupported Consul address scheme {scheme!r} in {address!r}")
+
+
+@functools.cache
+def _unused_tls_context() -> ssl.SSLContext:
+    """httpx builds a TLS context for every client, even a plain-http one (loading the CA bundle each time); plain
+    http never uses it, so every plain-http client shares this one."""
+    return ssl.create_default_context()
 
 
 def _read_token(path: str) -> str | None:

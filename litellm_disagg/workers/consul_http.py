@@ -78,7 +78,9 @@ class ConsulHttp:
         timeout_s: float | None = None,
         datacenter: bool = True,
     ) -> ConsulResponse:
-        """Send one request. Statuses outside ``accept`` raise ``ConsulHTTPError``; no answer raises ``ConsulUnreachable``."""
+        """Send one request. A status outside ``accept`` raises ``ConsulHTTPError``, no answer ``ConsulUnreachable``."""
+        if self._client.is_closed:
+            raise ConsulError("the consul client is closed")
         query = self.endpoint.scope_params(datacenter=datacenter)
         query.update(params or {})
         try:

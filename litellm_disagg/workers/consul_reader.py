@@ -5,7 +5,8 @@ query parameters (``index``/``wait``), this module does the reading, decoding, v
 
 An instance is skipped, with one warning per distinct broken registration (not one per poll), when its health entry
 is malformed, its Meta is not in a format this version reads, its config does not validate, its KV document is
-missing or corrupt, its ``worker_id`` differs from its service ID, or another instance already has its ``worker_id``.
+missing, corrupt or not readable with the token, its ``worker_id`` differs from its service ID, or another instance
+already has its ``worker_id``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from litellm_disagg.runtime_config import RuntimeConfig
 from litellm_disagg.settings import ConsulRegistrySettings
 from litellm_disagg.workers.consul_codec import KvReference, decode_kv, decode_meta
-from litellm_disagg.workers.consul_http import ConsulHttp
+from litellm_disagg.workers.consul_http import ConsulDenied, ConsulHttp
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ class _Service(BaseModel):
     model_config = ConfigDict(extra="ignore")
     ID: str
     Service: str
+    Tags: list[str] | None = None
     Meta: dict[str, str] | None = None
 
 
@@ -109,9 +111,12 @@ class ConsulReader:
         try:
             entry = _HealthEntry.model_validate(raw)
         except ValidationError as exc:
-            self._warn_once(("entry", service, _digest(raw)), f"service {service!r}: malformed health entry skipped: {_one_line(exc)}")
+            message = f"service {service!r}: malformed health entry skipped: {_one_line(exc)}"
+            self._warn_once(("entry", service, _digest(raw)), message)
             return None
         instance = entry.Service
+        if self.settings.tag not in (instance.Tags or []):
+            return None  # another application's instance under a shared service name: not ours, not an error
         where = f"service {service!r} instance {instance.ID!r} on node {entry.Node.Node!r}"
         meta = instance.Meta or {}
         try:
@@ -133,7 +138,10 @@ class ConsulReader:
         if cached is not None:
             self._kv_cache.move_to_end(key)
             return cached
-        response = await self.http.request("GET", f"/v1/kv/{quote(key, safe='/')}", accept=(200, 404))
+        try:
+            response = await self.http.request("GET", f"/v1/kv/{quote(key, safe='/')}", accept=(200, 404))
+        except ConsulDenied as exc:  # this entry cannot be read by this token; the others still can
+            raise ValueError(f"KV document {key!r} cannot be read: {exc.reason} (the token needs key:read)") from exc
         if response.status == 404 or not isinstance(response.body, list) or not response.body:
             raise ValueError(f"KV document {key!r} is missing")
         try:

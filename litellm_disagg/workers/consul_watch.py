@@ -132,15 +132,19 @@ class ConsulWatch:
 
     # -- the loops --------------------------------------------------------------------------------------------------
 
+    def _timeout(self, params: dict[str, str]) -> float | None:
+        """A blocking request may take its whole wait; a first (non-blocking) one gets the normal timeout."""
+        return self._blocking_timeout_s if "index" in params else None
+
     async def _follow_catalog(self) -> None:
         async def read(params: dict[str, str]) -> ServiceNames:
-            return await self.reader.service_names(params, timeout_s=self._blocking_timeout_s)
+            return await self.reader.service_names(params, timeout_s=self._timeout(params))
 
         await self._follow(read, self._set_services)
 
     async def _follow_service(self, name: str) -> None:
         async def read(params: dict[str, str]) -> ServiceConfigs:
-            return await self.reader.service_configs(name, params, timeout_s=self._blocking_timeout_s)
+            return await self.reader.service_configs(name, params, timeout_s=self._timeout(params))
 
         def apply(result: ServiceConfigs) -> None:
             if name in self._service_tasks:

@@ -28,7 +28,9 @@ _CONSUL_FLAGS: tuple[tuple[str, str, str], ...] = (
 
 def add_registry_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("discovery")
-    group.add_argument("--registry", choices=["file", "consul"], default="file", help="registry backend (default: file)")
+    group.add_argument(
+        "--registry", choices=["file", "consul"], default="file", help="registry backend (default: file)"
+    )
     group.add_argument(
         "--registry-dir",
         default=None,

@@ -37,8 +37,10 @@ async def metric(client: httpx.AsyncClient, worker: SimWorker, name: str, **labe
 
 
 async def by_source(client: httpx.AsyncClient, worker: SimWorker) -> dict[str, float]:
-    return {source: await metric(client, worker, "vllm:prompt_tokens_by_source_total", source=source)
-            for source in ("local_compute", "local_cache_hit", "external_kv_transfer")}
+    return {
+        source: await metric(client, worker, "vllm:prompt_tokens_by_source_total", source=source)
+        for source in ("local_compute", "local_cache_hit", "external_kv_transfer")
+    }
 
 
 def chat_body(content: str = "Tell me about paged attention.", **extra: object) -> dict[str, object]:

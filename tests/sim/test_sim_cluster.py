@@ -99,7 +99,9 @@ async def test_crash_drops_connections_and_leaves_the_entry_to_age_out(registry,
         received: list[str] = []
 
         async def stream() -> None:
-            async with client.stream("POST", f"{victim.base_url}/chat/completions", json=chat_body(max_tokens=2000, stream=True)) as r:
+            async with client.stream(
+                "POST", f"{victim.base_url}/chat/completions", json=chat_body(max_tokens=2000, stream=True)
+            ) as r:
                 async for line in r.aiter_lines():
                     received.append(line)
 
@@ -132,9 +134,29 @@ async def test_workers_join_at_runtime(registry):
 def test_command_runs_registers_and_drains_on_sigterm(tmp_path):
     registry_dir = tmp_path / "registry"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "litellm_disagg.sim", "--prefill", "1", "--decode", "2", "--model", "cli-model",
-         "--registry-dir", str(registry_dir), "--speedup", "100", "--drain-settle", "0.1", "--name", "clisim"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=Path(__file__).parents[2],
+        [
+            sys.executable,
+            "-m",
+            "litellm_disagg.sim",
+            "--prefill",
+            "1",
+            "--decode",
+            "2",
+            "--model",
+            "cli-model",
+            "--registry-dir",
+            str(registry_dir),
+            "--speedup",
+            "100",
+            "--drain-settle",
+            "0.1",
+            "--name",
+            "clisim",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=Path(__file__).parents[2],
     )
     try:
         assert proc.stdout is not None

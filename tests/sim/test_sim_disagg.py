@@ -24,8 +24,11 @@ async def cluster():
 
 
 def roles(cluster: SimCluster):
-    return (cluster.workers_with(WorkerRole.PREFILL)[0], cluster.workers_with(WorkerRole.DECODE)[0],
-            cluster.workers_with(WorkerRole.BOTH)[0])
+    return (
+        cluster.workers_with(WorkerRole.PREFILL)[0],
+        cluster.workers_with(WorkerRole.DECODE)[0],
+        cluster.workers_with(WorkerRole.BOTH)[0],
+    )
 
 
 async def prefill(client, worker, request: dict, endpoint: Endpoint = Endpoint.CHAT, request_id: str = "pd-1") -> dict:
@@ -49,8 +52,11 @@ async def test_prefill_then_decode_moves_the_kv_and_matches_aggregated_output(cl
     assert await metric(client, p, "vllm:kv_cache_usage_perc") > 0  # the blocks wait for the decode
 
     before = await by_source(client, d)
-    decoded = await client.post(f"{d.base_url}/chat/completions", json={**request, "kv_transfer_params": parsed.for_decode()},
-                                headers={"X-Request-Id": "pd-1"})
+    decoded = await client.post(
+        f"{d.base_url}/chat/completions",
+        json={**request, "kv_transfer_params": parsed.for_decode()},
+        headers={"X-Request-Id": "pd-1"},
+    )
     assert decoded.status_code == 200
     after = await by_source(client, d)
     assert after["external_kv_transfer"] - before["external_kv_transfer"] == n_prompt
@@ -70,8 +76,7 @@ async def test_streaming_decode_of_a_text_completion(cluster, client):
     params = await prefill(client, p, request, Endpoint.COMPLETIONS, "pd-2")
     r = await client.post(f"{d.base_url}/completions", json={**request, "stream": True, "kv_transfer_params": params})
     text = "".join(
-        json.loads(line[6:])["choices"][0]["text"]
-        for line in r.text.splitlines() if line.startswith("data: {")
+        json.loads(line[6:])["choices"][0]["text"] for line in r.text.splitlines() if line.startswith("data: {")
     )
     aggregated = await client.post(f"{both.base_url}/completions", json=request)
     assert text == aggregated.json()["choices"][0]["text"]
@@ -81,7 +86,10 @@ async def test_streaming_decode_of_a_text_completion(cluster, client):
 async def test_decode_uses_its_own_prefix_cache_and_pulls_only_the_rest(cluster, client):
     p, d, _ = roles(cluster)
     first = chat_body(PROMPT + "First question?")
-    await client.post(f"{d.base_url}/chat/completions", json={**first, "kv_transfer_params": await prefill(client, p, first, request_id="a")})
+    await client.post(
+        f"{d.base_url}/chat/completions",
+        json={**first, "kv_transfer_params": await prefill(client, p, first, request_id="a")},
+    )
     before = await by_source(client, d)
     second = chat_body(PROMPT + "Second question?")
     params = await prefill(client, p, second, request_id="b")
@@ -128,7 +136,9 @@ async def test_roles_gate_the_protocol(cluster, client):
     p, d, both = roles(cluster)
     request = chat_body(PROMPT)
     # A decode-only worker does not hold KV for others: no params, like vLLM as a kv_consumer.
-    r = await client.post(f"{d.base_url}/chat/completions", json=build_prefill_body(Endpoint.CHAT, "sim-model", request))
+    r = await client.post(
+        f"{d.base_url}/chat/completions", json=build_prefill_body(Endpoint.CHAT, "sim-model", request)
+    )
     assert r.status_code == 200 and r.json()["kv_transfer_params"] is None
     # A prefill-only worker does not pull: it computes the prompt itself.
     params = await prefill(client, both, request)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
 
 from litellm_disagg.runtime_config import WorkerRole
@@ -27,7 +26,7 @@ def sse_events(text: str) -> list[dict | str]:
     out: list[dict | str] = []
     for line in text.splitlines():
         if line.startswith("data: "):
-            data = line[len("data: "):]
+            data = line[len("data: ") :]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
 
@@ -58,12 +57,16 @@ async def test_max_completion_tokens_wins_and_no_limit_stops_naturally(worker, c
 
 
 async def test_text_completion_and_echo(worker, client):
-    r = await client.post(f"{worker.base_url}/completions", json={"model": "sim-model", "prompt": "Once upon a time", "max_tokens": 5})
+    r = await client.post(
+        f"{worker.base_url}/completions", json={"model": "sim-model", "prompt": "Once upon a time", "max_tokens": 5}
+    )
     body = r.json()
     assert r.status_code == 200 and body["object"] == "text_completion" and body["id"].startswith("cmpl-")
     text = body["choices"][0]["text"]
     assert len(text.split()) == 5 and body["usage"]["prompt_tokens"] == 4
-    echoed = await client.post(f"{worker.base_url}/completions", json={"prompt": ["Once upon a time"], "max_tokens": 5, "echo": True})
+    echoed = await client.post(
+        f"{worker.base_url}/completions", json={"prompt": ["Once upon a time"], "max_tokens": 5, "echo": True}
+    )
     assert echoed.json()["choices"][0]["text"] == "Once upon a time" + text
     ids = (await client.post(f"{worker.server_url}/tokenize", json={"prompt": "Once upon a time"})).json()["tokens"]
     by_ids = await client.post(f"{worker.base_url}/completions", json={"prompt": ids, "max_tokens": 5})
@@ -87,8 +90,11 @@ async def test_chat_and_completions_agree_on_tokens_and_output(worker, client):
 
 async def test_chat_stream_with_usage(worker, client):
     plain = (await client.post(f"{worker.base_url}/chat/completions", json=chat_body())).json()
-    r = await client.post(f"{worker.base_url}/chat/completions",
-                          json=chat_body(stream=True, stream_options={"include_usage": True}), headers={"X-Request-Id": "s1"})
+    r = await client.post(
+        f"{worker.base_url}/chat/completions",
+        json=chat_body(stream=True, stream_options={"include_usage": True}),
+        headers={"X-Request-Id": "s1"},
+    )
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     assert events[-1] == "[DONE]"
@@ -126,7 +132,12 @@ async def test_completion_stream_without_usage(worker, client):
         ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 2}, 400, "n=1"),
         ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, 400, "stream"),
         ("chat/completions", {"messages": [{"role": "user", "content": "word " * 300}]}, 400, "maximum context length"),
-        ("chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 250}, 400, "maximum context length"),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": "x"}], "max_tokens": 250},
+            400,
+            "maximum context length",
+        ),
         ("chat/completions", {"model": "other", "messages": [{"role": "user", "content": "x"}]}, 404, "does not exist"),
         ("completions", {"prompt": ["a", "b"]}, 400, "prompt"),
         ("completions", {"prompt": [1, 99999999]}, 400, "prompt"),
@@ -160,10 +171,16 @@ async def test_health_models_and_metrics(worker, client):
     after = await engine_probe.engine_load(client, worker.server_url)
     assert after.finished == before.finished + 1 and after.idle
     text = (await client.get(f"{worker.server_url}/metrics")).text
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:request_success_total",
-                 "vllm:nixl_num_failed_transfers_total"):
-        assert f'{name}{{engine="0",model_name="sim-model"}}' in text or f"{name}{{engine=\"0\",finished_reason" in text
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:request_success_total",
+        "vllm:nixl_num_failed_transfers_total",
+    ):
+        assert f'{name}{{engine="0",model_name="sim-model"}}' in text or f'{name}{{engine="0",finished_reason' in text
     for source in ("local_compute", "local_cache_hit", "external_kv_transfer"):
         assert f'vllm:prompt_tokens_by_source_total{{engine="0",model_name="sim-model",source="{source}"}}' in text
 
@@ -183,7 +200,9 @@ async def test_client_disconnect_aborts_the_request(client):
     slow = SimWorker("sim-http-slow", WorkerRole.BOTH, fast_settings().with_speedup(1.0))
     await slow.start()
     try:
-        async with client.stream("POST", f"{slow.base_url}/chat/completions", json=chat_body(max_tokens=500, stream=True)) as r:
+        async with client.stream(
+            "POST", f"{slow.base_url}/chat/completions", json=chat_body(max_tokens=500, stream=True)
+        ) as r:
             async for line in r.aiter_lines():
                 if '"content":" ' in line:
                     break  # one token arrived: hang up

@@ -75,7 +75,11 @@ async def drain(sub: Subscriber, timeout: float = 0.3) -> None:
 
 @pytest.fixture
 async def worker():
-    w = SimWorker("sim-events-0", WorkerRole.BOTH, fast_settings(num_gpu_blocks=24, block_size=4, max_model_len=64).model_copy(update={"kv_events": True}))
+    w = SimWorker(
+        "sim-events-0",
+        WorkerRole.BOTH,
+        fast_settings(num_gpu_blocks=24, block_size=4, max_model_len=64).model_copy(update={"kv_events": True}),
+    )
     await w.start()
     yield w
     await w.stop()
@@ -96,8 +100,18 @@ async def test_block_stored_carries_the_prompt_tokens(worker, client):
         ts, events, rank = msgpack.unpackb(payload)
         assert isinstance(ts, float) and abs(ts - time.time()) < 30 and rank == 0
         [stored] = [e for e in sub.events() if e["type"] == "BlockStored"]
-        assert list(stored) == ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
-                                "medium", "lora_name", "extra_keys", "group_idx"]
+        assert list(stored) == [
+            "type",
+            "block_hashes",
+            "parent_block_hash",
+            "token_ids",
+            "block_size",
+            "lora_id",
+            "medium",
+            "lora_name",
+            "extra_keys",
+            "group_idx",
+        ]
         assert stored["token_ids"] == ids[:8]  # two full blocks of 4; the partial third is not cached
         assert stored["block_hashes"] == block_hashes(ids, 4)
         assert stored["parent_block_hash"] is None and stored["block_size"] == 4 and stored["medium"] == "GPU"
@@ -148,8 +162,12 @@ VLLM_0_32_GOLDEN = bytes.fromhex(
 
 
 def _reference_events():
-    return [BlockStored((1, 2**64 - 1), None, (5, 6, 7, 8), 4), BlockStored((9,), 2**64 - 1, (1, 2, 3, 4), 4),
-            BlockRemoved((3,)), AllBlocksCleared()]
+    return [
+        BlockStored((1, 2**64 - 1), None, (5, 6, 7, 8), 4),
+        BlockStored((9,), 2**64 - 1, (1, 2, 3, 4), 4),
+        BlockRemoved((3,)),
+        AllBlocksCleared(),
+    ]
 
 
 def test_encoding_is_byte_identical_to_vllms():
@@ -158,20 +176,44 @@ def test_encoding_is_byte_identical_to_vllms():
     assert (ts, rank) == (1234.5, 0) and events == _reference_events()
 
 
-@pytest.mark.skipif(os.environ.get("LITELLM_DISAGG_SIM_VLLM_CHECK") != "1",
-                    reason="imports vLLM (about 10 s): set LITELLM_DISAGG_SIM_VLLM_CHECK=1")
+@pytest.mark.skipif(
+    os.environ.get("LITELLM_DISAGG_SIM_VLLM_CHECK") != "1",
+    reason="imports vLLM (about 10 s): set LITELLM_DISAGG_SIM_VLLM_CHECK=1",
+)
 def test_encoding_matches_installed_vllm():
     kv_events = pytest.importorskip("vllm.distributed.kv_events")
     import msgspec
 
-    theirs = kv_events.KVEventBatch(ts=1234.5, events=[
-        kv_events.BlockStored(block_hashes=[1, 2**64 - 1], parent_block_hash=None, token_ids=[5, 6, 7, 8], block_size=4,
-                              lora_id=None, medium="GPU", lora_name=None, extra_keys=[None, None], group_idx=0),
-        kv_events.BlockStored(block_hashes=[9], parent_block_hash=2**64 - 1, token_ids=[1, 2, 3, 4], block_size=4,
-                              lora_id=None, medium="GPU", lora_name=None, extra_keys=[None], group_idx=0),
-        kv_events.BlockRemoved(block_hashes=[3], medium="GPU", group_idx=0),
-        kv_events.AllBlocksCleared(),
-    ], data_parallel_rank=0)
+    theirs = kv_events.KVEventBatch(
+        ts=1234.5,
+        events=[
+            kv_events.BlockStored(
+                block_hashes=[1, 2**64 - 1],
+                parent_block_hash=None,
+                token_ids=[5, 6, 7, 8],
+                block_size=4,
+                lora_id=None,
+                medium="GPU",
+                lora_name=None,
+                extra_keys=[None, None],
+                group_idx=0,
+            ),
+            kv_events.BlockStored(
+                block_hashes=[9],
+                parent_block_hash=2**64 - 1,
+                token_ids=[1, 2, 3, 4],
+                block_size=4,
+                lora_id=None,
+                medium="GPU",
+                lora_name=None,
+                extra_keys=[None],
+                group_idx=0,
+            ),
+            kv_events.BlockRemoved(block_hashes=[3], medium="GPU", group_idx=0),
+            kv_events.AllBlocksCleared(),
+        ],
+        data_parallel_rank=0,
+    )
     assert encode_batch(1234.5, _reference_events()) == msgspec.msgpack.Encoder().encode(theirs)
     decoded = msgspec.msgpack.Decoder(kv_events.KVEventBatch).decode(encode_batch(1.0, _reference_events()))
     assert isinstance(decoded.events[0], kv_events.BlockStored) and decoded.events[0].token_ids == [5, 6, 7, 8]

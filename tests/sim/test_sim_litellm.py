@@ -20,20 +20,31 @@ from litellm_disagg.workers.file_registry import FileRegistry  # noqa: E402
 
 from .conftest import by_source, fast_settings  # noqa: E402
 
-MESSAGES = [{"role": "system", "content": "You are a simulated model. " * 8},
-            {"role": "user", "content": "Route me through prefill and decode."}]
+MESSAGES = [
+    {"role": "system", "content": "You are a simulated model. " * 8},
+    {"role": "user", "content": "Route me through prefill and decode."},
+]
 
 
-async def test_litellm_router_disaggregates_across_simulated_workers(tmp_path, client):
+@pytest.fixture
+def plugin() -> DisaggPlugin:
+    # Built outside the event loop (a sync fixture): inside a running loop the plugin assumes it runs in the proxy
+    # and imports litellm.proxy.proxy_server to follow its router, a synchronous import of many seconds.
+    return DisaggPlugin()
+
+
+async def test_litellm_router_disaggregates_across_simulated_workers(tmp_path, client, plugin):
     registry_dir = tmp_path / "registry"
-    async with SimCluster(registry=FileRegistry(registry_dir), settings=fast_settings(), heartbeat_interval_s=0.2) as cluster:
+    async with SimCluster(
+        registry=FileRegistry(registry_dir), settings=fast_settings(), heartbeat_interval_s=0.2
+    ) as cluster:
         await cluster.start(prefill=1, decode=1)
         prefill = cluster.workers_with(WorkerRole.PREFILL)[0]
         decode = cluster.workers_with(WorkerRole.DECODE)[0]
         router = litellm.Router(model_list=[], num_retries=0)
-        plugin = DisaggPlugin()
-        settings = DisaggSettings(registry=FileRegistrySettings(path=str(registry_dir), poll_interval_s=0.05),
-                                  sync_interval_s=0.05)
+        settings = DisaggSettings(
+            registry=FileRegistrySettings(path=str(registry_dir), poll_interval_s=0.05), sync_interval_s=0.05
+        )
         controller = await plugin.attach(router, settings)
         try:
             for _ in range(100):
@@ -47,7 +58,9 @@ async def test_litellm_router_disaggregates_across_simulated_workers(tmp_path, c
 
             stream_data = {"model": "sim-model", "messages": MESSAGES, "max_tokens": 9, "stream": True}
             await plugin.async_pre_call_hook(None, None, stream_data, "acompletion")
-            streamed = "".join([c.choices[0].delta.content or "" async for c in await router.acompletion(**stream_data)])
+            streamed = "".join(
+                [c.choices[0].delta.content or "" async for c in await router.acompletion(**stream_data)]
+            )
         finally:
             await plugin.detach()
 

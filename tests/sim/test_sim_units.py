@@ -32,7 +32,10 @@ def test_generated_text_round_trips():
 
 
 def test_chat_template_is_chatml_and_tokenizes_special_tokens():
-    messages = [ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content=[{"type": "text", "text": "Hi"}])]
+    messages = [
+        ChatMessage(role="system", content="Be brief."),
+        ChatMessage(role="user", content=[{"type": "text", "text": "Hi"}]),
+    ]
     text = render_chat(messages)
     assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     ids = tokenizer.encode(text)
@@ -148,7 +151,9 @@ def test_duplicate_blocks_are_not_cached_twice_and_reset_clears():
 
 
 def _request(rid: str, prompt: list[int], max_tokens: int, **kwargs) -> SimRequest:
-    return SimRequest(request_id=rid, prompt_token_ids=prompt, max_output_tokens=max_tokens, limit_reason="length", **kwargs)
+    return SimRequest(
+        request_id=rid, prompt_token_ids=prompt, max_output_tokens=max_tokens, limit_reason="length", **kwargs
+    )
 
 
 def _run(scheduler: Scheduler, timing: TimingModel, max_steps: int = 100_000) -> float:
