@@ -218,6 +218,15 @@ class SimEngine:
     # -- the step loop -----------------------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        try:
+            await self._steps()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("engine %s: the step loop failed; the engine is dead", self.engine_id)
+            self._shutdown(EngineDead("engine failed"))
+
+    async def _steps(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time()
         while True:

@@ -183,7 +183,7 @@ class SimWorker:
 
     async def crash(self) -> None:
         """Die abruptly: no withdraw, connections reset, the port closed, KV held for decodes lost."""
-        if self.state in (SimWorkerState.STOPPED, SimWorkerState.CRASHED, SimWorkerState.NEW):
+        if self.state in (SimWorkerState.STOPPED, SimWorkerState.CRASHED):
             return
         self.state = SimWorkerState.CRASHED
         await self._stop_heartbeat()
@@ -262,6 +262,8 @@ class SimWorker:
                 await task
 
     def _release_ports(self) -> None:
+        if self.publisher is not None:
+            self.publisher.close()
         if self._nixl_sock is not None:
             self._nixl_sock.close()
             self._nixl_sock = None

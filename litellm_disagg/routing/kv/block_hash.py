@@ -1,0 +1,80 @@
+"""Chained block hashes over token ids, computed by the router itself.
+
+A prompt's token ids are cut into full blocks of ``block_size`` tokens (a trailing partial block has no hash, as in
+vLLM's prefix cache) and each block is hashed together with its parent's hash, so one hash stands for the whole
+prefix up to the end of its block: equal hashes mean equal prefixes.
+
+Why our own hash: vLLM salts its block hashes per engine process, so the router can neither reproduce them from a
+request nor compare them across workers. The KV-event path rebuilds these same hashes from the ``token_ids`` each
+``BlockStored`` event carries (``chain_hashes(token_ids, block_size, parent=<our hash of the event's parent>)``),
+so a hash built from a request equals the hash built from an event for the same tokens.
+
+The hash function is CPython's tuple hash over ``(parent, t0, t1, ...)``: a 64-bit xxHash-style mix that runs in C,
+about 0.3 us per 16-token block (8k tokens in about 0.2 ms). Integers and tuples of integers hash the same in every
+process (``PYTHONHASHSEED`` only affects str and bytes). Hashes never leave the router process, so only consistency
+within one interpreter matters; they are not meant to be stored or compared across Python versions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+BlockHash = int
+"""One block's chained hash (a signed 64-bit int, as ``hash()`` returns)."""
+
+
+def root_hash(namespace: str | None = None) -> BlockHash:
+    """The parent of a sequence's first block. A ``namespace`` (e.g. a LoRA adapter name) starts a separate chain,
+    so the same tokens under different adapters never share hashes."""
+    seed = b"litellm-disagg/kv/root" if namespace is None else b"litellm-disagg/kv/ns/" + namespace.encode("utf-8")
+    return int.from_bytes(hashlib.blake2b(seed, digest_size=8).digest(), "big", signed=True)
+
+
+ROOT: BlockHash = root_hash()
+
+
+def chain_hashes(token_ids: Sequence[int], block_size: int, parent: BlockHash = ROOT) -> list[BlockHash]:
+    """The hashes of the full blocks of ``token_ids``, chained from ``parent`` (``ROOT``: the start of a sequence).
+
+    Hashing the blocks ``[a, b]`` from ``ROOT`` gives the same hashes as hashing ``[a]`` from ``ROOT`` and then
+    ``[b]`` from the last hash of ``[a]``: how a ``BlockStored`` event that continues a cached prefix is rebuilt.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    tokens = token_ids if isinstance(token_ids, tuple) else tuple(token_ids)
+    out: list[BlockHash] = []
+    append = out.append
+    h = parent
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        h = hash((h, tokens[start : start + block_size]))
+        append(h)
+    return out
+
+
+class PromptBlocks:
+    """One request's prompt tokens and, per block size, their chained hashes (computed on first use, then kept).
+
+    Workers of one model normally share a block size; if they do not, each size is hashed once per request.
+    """
+
+    __slots__ = ("_hashes", "namespace", "token_ids")
+
+    def __init__(self, token_ids: Sequence[int], *, namespace: str | None = None):
+        self.token_ids: tuple[int, ...] = tuple(token_ids)
+        self.namespace = namespace
+        self._hashes: dict[int, list[BlockHash]] = {}
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def hashes(self, block_size: int) -> list[BlockHash]:
+        found = self._hashes.get(block_size)
+        if found is None:
+            parent = ROOT if self.namespace is None else root_hash(self.namespace)
+            found = self._hashes[block_size] = chain_hashes(self.token_ids, block_size, parent)
+        return found
+
+    def num_blocks(self, block_size: int) -> int:
+        return len(self.token_ids) // block_size
