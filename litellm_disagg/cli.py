@@ -101,7 +101,7 @@ def _run_workers(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="litellm-disagg", description="Disaggregated prefill/decode for the LiteLLM proxy")
     parser.add_argument("--version", action="version", version=__version__)
     parser.add_argument("--log-level", default=os.environ.get("LITELLM_DISAGG_LOG_LEVEL", "INFO"))
@@ -125,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
     lst = sub.add_parser("workers", help="list the workers discovery knows")
     add_registry_args(lst)
 
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("httpx").setLevel(logging.WARNING)
