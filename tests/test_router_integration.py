@@ -208,3 +208,23 @@ async def test_no_ready_decode_worker_is_a_clean_error(stack):
     with pytest.raises(Exception) as info:
         await chat(stack)
     assert getattr(info.value, "status_code", None) in (400, 404, 503)
+
+
+async def test_decode_crash_is_retried_elsewhere_with_a_fresh_prefill(stack):
+    stack.router.num_retries = 2
+    prefill = await stack.add("p1", "prefill")
+    d1 = await stack.add("d1", "decode")
+    d2 = await stack.add("d2", "decode")
+    await stack.start()
+    await d1.stop()  # crashed: no drain, still registered until its heartbeat expires
+    for _ in range(4):
+        response = await chat(stack)
+        assert response.choices[0].message.content == ANSWER
+    decodes = await recorded(d2)
+    prefills = await recorded(prefill)
+    assert len(decodes) == 4
+    # Every decode that reached d2 carries the params of its own prefill (a retry never reuses stale ones).
+    request_ids = [p["headers"]["x-request-id"] for p in prefills]
+    assert len(set(request_ids)) == len(request_ids) >= 4
+    assert all(d["body"]["kv_transfer_params"]["remote_request_id"] == d["headers"]["x-request-id"] for d in decodes)
+    assert {d["headers"]["x-request-id"] for d in decodes} <= set(request_ids)
