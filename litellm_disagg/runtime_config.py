@@ -8,7 +8,7 @@ is skipped, not half-used.
 from __future__ import annotations
 
 import time
-from enum import Enum
+from enum import StrEnum
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
@@ -20,7 +20,7 @@ WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
-class WorkerRole(str, Enum):
+class WorkerRole(StrEnum):
     """What a worker does in the disaggregated pipeline."""
 
     PREFILL = "prefill"
@@ -36,7 +36,7 @@ class WorkerRole(str, Enum):
         return self in (WorkerRole.DECODE, WorkerRole.BOTH)
 
 
-class WorkerState(str, Enum):
+class WorkerState(StrEnum):
     """Lifecycle of a worker as routers see it. Only READY workers get new work."""
 
     STARTING = "starting"

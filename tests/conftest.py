@@ -1,5 +1,5 @@
-import os
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest

@@ -179,7 +179,7 @@ def test_worker_joins_at_runtime_and_drains_without_loss(stack):
     assert "drain timeout" not in extra.log.read_text(errors="replace")
     assert registered(stack.registry, extra.worker_id) is None
     # Gone from routing: more requests all succeed, on the remaining decode worker.
-    for i in range(3):
+    for _ in range(3):
         assert stack.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=4).choices[0].message.content is not None
 
 

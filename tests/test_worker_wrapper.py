@@ -2,11 +2,8 @@
 
 import asyncio
 import io
-import json
 import signal
 import sys
-
-import pytest
 
 from litellm_disagg.runtime_config import WorkerRole, WorkerState
 from litellm_disagg.workers.file_registry import FileRegistry

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from prometheus_client import Counter
 
@@ -29,7 +29,7 @@ ROUTED = Counter("litellm_disagg_requests_total", "Requests routed, by mode", ["
 PREFILL_FAILURES = Counter("litellm_disagg_prefill_failures_total", "Prefill attempts that failed over", ["worker_id"])
 
 
-class Mode(str, Enum):
+class Mode(StrEnum):
     DISAGGREGATED = "disaggregated"
     AGGREGATED = "aggregated"
 

@@ -11,13 +11,13 @@ The protocol (vLLM v1 ``NixlConnector``):
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 
-class Endpoint(str, Enum):
+class Endpoint(StrEnum):
     """The OpenAI endpoint a request uses; the prefill must use the same one so both halves see the same tokens."""
 
     CHAT = "chat/completions"
