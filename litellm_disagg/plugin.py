@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +39,15 @@ class DisaggPlugin(CustomLogger):
         super().__init__()
         self.controller: DisaggController | None = None
         self._follower: asyncio.Task[None] | None = None
+        # Inside the proxy (which has imported its server module and runs a loop), follow its router; anywhere else
+        # (tests, scripts, an SDK Router) call attach() yourself.
+        if "litellm.proxy.proxy_server" not in sys.modules:
+            return
         try:
-            asyncio.get_running_loop()
+            loop = asyncio.get_running_loop()
         except RuntimeError:
-            return  # imported outside the proxy (tests, scripts): call attach() yourself
-        self._follower = asyncio.get_running_loop().create_task(self._follow_proxy(), name="litellm-disagg-follow")
+            return
+        self._follower = loop.create_task(self._follow_proxy(), name="litellm-disagg-follow")
 
     async def attach(self, router: Any, settings: DisaggSettings, registry: Registry | None = None) -> DisaggController:
         if self.controller is not None:

@@ -40,9 +40,9 @@ def prepare_smollm2(directory: str | Path | None = None) -> Path:
     model = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     # Loading dequantizes the GGUF weights, but the model stays marked as quantized and transformers then refuses to
     # save it: clear the marker.
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 (attributes transformers' stubs do not declare)
     if hasattr(model, "is_quantized"):
-        model.is_quantized = False
+        setattr(model, "is_quantized", False)  # noqa: B010
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
     tmp = out.with_name(out.name + ".partial")

@@ -17,7 +17,7 @@ def client_error(exc: PrefillRejected, model: str) -> Exception:
     if exc.status_code == 404:
         return litellm.NotFoundError(message=message, model=model, llm_provider=PROVIDER)
     error = litellm.BadRequestError(message=message, model=model, llm_provider=PROVIDER)
-    error.status_code = exc.status_code
+    error.status_code = exc.status_code  # type: ignore[assignment]  # keep the worker's 4xx (422, 413, ...)
     return error
 
 

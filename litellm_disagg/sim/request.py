@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 from litellm_disagg.sim.hashing import BlockHash, extend_hashes
@@ -18,7 +18,7 @@ from litellm_disagg.sim.textgen import PromptDigest, natural_length, prompt_dige
 FinishReason = Literal["stop", "length", "abort"]
 
 
-class RequestStatus(str, Enum):
+class RequestStatus(StrEnum):
     WAITING = "waiting"
     WAITING_FOR_REMOTE_KV = "waiting_for_remote_kv"
     """Decode side: blocks allocated, KV being pulled from the prefill engine."""

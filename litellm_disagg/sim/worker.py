@@ -21,7 +21,7 @@ import logging
 import socket
 import time
 from collections.abc import Generator
-from enum import Enum
+from enum import StrEnum
 
 import uvicorn
 
@@ -36,7 +36,7 @@ from litellm_disagg.workers.registry import Registry, RegistryError
 logger = logging.getLogger(__name__)
 
 
-class SimWorkerState(str, Enum):
+class SimWorkerState(StrEnum):
     NEW = "new"
     READY = "ready"
     DRAINING = "draining"

@@ -7,16 +7,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from litellm_disagg.sim import SimSettings
-from litellm_disagg.sim.settings import EngineSettings
+from litellm_disagg.sim.settings import EngineSettings, TimingSettings
 from litellm_disagg.sim.worker import SimWorker
 
 SPEEDUP = 200.0
 
 
-def fast_settings(**engine: object) -> SimSettings:
-    """Default timing at ``SPEEDUP`` (a 64-token decode takes about 6 ms), a modest cache."""
+def fast_settings(*, timing: dict[str, object] | None = None, kv_events: bool = False, **engine: object) -> SimSettings:
+    """Default timing at ``SPEEDUP`` (a 64-token decode takes about 6 ms) unless ``timing`` overrides it, a modest
+    cache; ``engine`` overrides EngineSettings fields."""
     base = {"num_gpu_blocks": 2048, "max_model_len": 4096} | engine
-    return SimSettings(engine=EngineSettings.model_validate(base)).with_speedup(SPEEDUP)
+    timing_settings = TimingSettings.model_validate({"speedup": SPEEDUP} | (timing or {}))
+    return SimSettings(engine=EngineSettings.model_validate(base), timing=timing_settings, kv_events=kv_events)
 
 
 @pytest.fixture

@@ -42,7 +42,7 @@ async def wait_for(predicate, timeout: float = 5.0, interval: float = 0.02) -> N
 
 
 async def test_workers_register_like_real_ones_and_stay_alive(registry, client):
-    settings = fast_settings().model_copy(update={"kv_events": True})
+    settings = fast_settings(kv_events=True)
     async with SimCluster(registry=registry, settings=settings, heartbeat_interval_s=0.1) as cluster:
         await cluster.start(prefill=2, decode=2, both=1)
         entries = await snapshot(registry)

@@ -78,7 +78,7 @@ async def worker():
     w = SimWorker(
         "sim-events-0",
         WorkerRole.BOTH,
-        fast_settings(num_gpu_blocks=24, block_size=4, max_model_len=64).model_copy(update={"kv_events": True}),
+        fast_settings(num_gpu_blocks=24, block_size=4, max_model_len=64, kv_events=True),
     )
     await w.start()
     yield w

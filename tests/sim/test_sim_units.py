@@ -14,6 +14,15 @@ from litellm_disagg.sim.settings import EngineSettings, SimSettings, TimingSetti
 from litellm_disagg.sim.textgen import output_token, prompt_digest
 from litellm_disagg.sim.timing import StepWork, TimingModel
 
+
+def test_public_api_is_complete():
+    import litellm_disagg.sim as sim
+
+    assert sorted(sim.__all__) == sim.__all__
+    assert all(getattr(sim, name) is not None for name in sim.__all__)
+    assert {"SimCluster", "SimWorker", "SimEngine", "SimSettings", "TimingModel"} <= set(sim.__all__)
+
+
 # -- tokenizer, template, text ---------------------------------------------------------------------------------------
 
 

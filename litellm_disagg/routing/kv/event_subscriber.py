@@ -1,0 +1,115 @@
+"""KVEventSubscriber: one worker's KV event stream, from its ZMQ PUB socket into its ``EventApplier``.
+
+The worker wrapper makes vLLM *bind* its PUB socket (``tcp://*:PORT``) and publishes ``tcp://<host>:PORT`` as
+``RuntimeConfig.kv_events_endpoint``; the router *connects* a SUB socket there. ZMQ reconnects by itself when the
+engine restarts or the network drops (``reconnect_ivl``), and ZMTP heartbeats notice a dead peer that never closed
+the connection; whatever was published meanwhile is lost and shows up as a sequence gap, which the applier handles.
+A router that starts after its engines simply begins with the next batch (vLLM keeps no history without a replay
+socket).
+
+One asyncio task per worker. It drains what the socket has (up to ``max_burst`` messages) before yielding to the
+event loop, so a busy stream costs one wake-up per burst, not one per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import zmq
+import zmq.asyncio
+
+from litellm_disagg.routing.kv.event_applier import EventApplier
+from litellm_disagg.routing.kv.kv_events import MalformedBatch, decode_message, parse_seq
+
+logger = logging.getLogger(__name__)
+
+
+class BadEndpoint(ValueError):
+    """An endpoint the router cannot connect to (a wildcard address, an unknown transport)."""
+
+
+def check_endpoint(endpoint: str) -> str:
+    if not endpoint.startswith(("tcp://", "ipc://")) or "*" in endpoint:
+        raise BadEndpoint(f"cannot subscribe to {endpoint!r}: need tcp://host:port (or ipc://path) to connect to")
+    return endpoint
+
+
+class KVEventSubscriber:
+    def __init__(
+        self,
+        endpoint: str,
+        applier: EventApplier,
+        *,
+        context: zmq.asyncio.Context,
+        topic: str = "",
+        rcvhwm: int = 100_000,
+        reconnect_interval_s: float = 0.1,
+        reconnect_interval_max_s: float = 5.0,
+        heartbeat_s: float = 2.0,
+        max_burst: int = 1000,
+    ):
+        self.endpoint = check_endpoint(endpoint)
+        self.applier = applier
+        self.max_burst = max_burst
+        self.messages = 0
+        self.last_message_at: float | None = None
+        self._socket: zmq.asyncio.Socket = context.socket(zmq.SUB)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.RCVHWM, rcvhwm)
+        self._socket.setsockopt(zmq.RECONNECT_IVL, int(reconnect_interval_s * 1000))
+        self._socket.setsockopt(zmq.RECONNECT_IVL_MAX, int(reconnect_interval_max_s * 1000))
+        self._socket.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat_s * 1000))
+        self._socket.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(heartbeat_s * 3000))
+        self._socket.setsockopt(zmq.SUBSCRIBE, topic.encode("utf-8"))
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def worker_id(self) -> str:
+        return self.applier.worker_id
+
+    def start(self) -> None:
+        if self._task is None:
+            self._socket.connect(self.endpoint)
+            self._task = asyncio.create_task(self._run(), name=f"kv-events-{self.worker_id}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._socket.close(linger=0)
+
+    async def _run(self) -> None:
+        socket = self._socket
+        while True:
+            frames = await socket.recv_multipart()
+            self._handle(frames)
+            for _ in range(self.max_burst - 1):
+                try:
+                    frames = await socket.recv_multipart(flags=zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._handle(frames)
+            await asyncio.sleep(0)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        self.messages += 1
+        self.last_message_at = time.monotonic()
+        try:
+            batch = decode_message(frames)
+        except MalformedBatch as exc:
+            seq = None
+            if len(frames) == 3:
+                with contextlib.suppress(MalformedBatch):
+                    seq = parse_seq(frames[1])
+            logger.warning("worker %s: undecodable KV event message: %s", self.worker_id, exc)
+            self.applier.lost(seq)
+            return
+        try:
+            self.applier.apply(batch)
+        except Exception:  # a bug here must not end the subscription
+            logger.exception("worker %s: applying KV events failed", self.worker_id)

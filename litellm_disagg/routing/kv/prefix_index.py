@@ -1,0 +1,350 @@
+"""PrefixIndex: which worker holds which prefix blocks, queried by a prompt's chained block hashes.
+
+Two layers, one query:
+
+- **held** blocks, per worker, in an LRU bounded by the worker's KV capacity. A worker is either *precise* (fed by its
+  KV events: ``stored``/``removed``/``cleared``, entries live until the engine says otherwise) or *approximate*
+  (fed by the router's own decisions through ``record_routed``; entries expire ``ttl_s`` after their last use);
+- **predicted** blocks: ``record_routed`` on a precise worker notes the request's blocks for a short while, until the
+  worker's ``BlockStored`` arrives (which replaces the prediction) or ``predicted_ttl_s`` passes (the request failed).
+  Without it, sibling requests sent together would all miss the prefix the first of them is computing.
+
+Contracts:
+
+- ``overlap(hashes)`` is side-effect free: ``{worker_id: number of leading blocks held or predicted}``, for workers
+  holding at least the first block. It stops at the first block a worker lacks (a prefix cache can only use a
+  contiguous prefix). Cost: one dict lookup per block until no worker matches (an 8k-token prompt is 512 blocks at
+  block size 16: tens of microseconds).
+- Time-based expiry (approximate entries, predictions) and the release of a departed or cleared worker's entries
+  happen in ``maintain()``, which the owner calls periodically; between two calls, an expired entry may still count.
+- ``cleared`` and ``remove_worker`` take effect at once whatever the worker's size: its slot is retired (masked out of
+  every query) and its entries are released by later ``maintain()`` calls, a bounded number at a time, so no call
+  blocks the event loop for long.
+
+Representation: each worker gets a slot (a bit); ``hash -> bitmask of slots`` for both layers, so a query does one
+dict lookup and one AND per block whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from litellm_disagg.routing.kv.block_hash import BlockHash
+
+_NO_EXPIRY = math.inf
+"""The expiry stored for precise entries (one shared float object, so they cost no extra memory)."""
+
+
+class _Slot:
+    __slots__ = ("capacity", "held", "predicted", "ttl_s", "worker_id")
+
+    def __init__(self, worker_id: str, capacity: int, ttl_s: float | None):
+        self.worker_id = worker_id
+        self.capacity = capacity
+        self.ttl_s = ttl_s
+        self.held: OrderedDict[BlockHash, float] = OrderedDict()
+        """Block hash -> expiry (``_NO_EXPIRY`` for precise workers), least recently stored first."""
+        self.predicted: dict[BlockHash, float] = {}
+        """Block hash -> expiry of its prediction."""
+
+
+@dataclass(frozen=True)
+class IndexStats:
+    workers: int
+    held_blocks: int
+    """Sum over workers of the blocks each holds (a block held by three workers counts three times)."""
+    distinct_blocks: int
+    predicted_blocks: int
+    pending_release: int
+    """Entries of retired slots (departed or cleared workers) not yet released by ``maintain()``."""
+
+
+class PrefixIndex:
+    def __init__(self, *, predicted_ttl_s: float = 30.0, clock: Callable[[], float] = time.monotonic):
+        if predicted_ttl_s <= 0:
+            raise ValueError("predicted_ttl_s must be positive")
+        self.predicted_ttl_s = predicted_ttl_s
+        self._clock = clock
+        self._slots: list[_Slot | None] = []
+        self._slot_of: dict[str, int] = {}
+        self._alive = 0
+        self._free: list[int] = []
+        self._retired: deque[int] = deque()
+        self._held: dict[BlockHash, int] = {}
+        self._predicted: dict[BlockHash, int] = {}
+        self._prediction_queue: deque[tuple[float, _Slot, int, tuple[BlockHash, ...]]] = deque()
+
+    # -- workers ------------------------------------------------------------------------------------------------------
+
+    def add_worker(self, worker_id: str, *, capacity_blocks: int, ttl_s: float | None = None) -> None:
+        """Start indexing ``worker_id`` (idempotent). ``ttl_s`` None: precise (event-fed); else approximate.
+
+        Called again for a known worker, it updates the capacity (evicting the oldest entries past it) and the TTL.
+        """
+        if capacity_blocks < 1:
+            raise ValueError(f"capacity_blocks must be positive, got {capacity_blocks}")
+        if ttl_s is not None and ttl_s <= 0:
+            raise ValueError("ttl_s must be positive or None")
+        index = self._slot_of.get(worker_id)
+        if index is not None:
+            slot = self._slot(index)
+            slot.capacity, slot.ttl_s = capacity_blocks, ttl_s
+            self._trim(slot, 1 << index)
+            return
+        self._slot_of[worker_id] = self._new_slot(_Slot(worker_id, capacity_blocks, ttl_s))
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Forget a worker that left (no-op if unknown). Its entries stop counting at once."""
+        index = self._slot_of.pop(worker_id, None)
+        if index is not None:
+            self._retire(index)
+
+    def workers(self) -> list[str]:
+        return list(self._slot_of)
+
+    def is_precise(self, worker_id: str) -> bool:
+        index = self._slot_of.get(worker_id)
+        return index is not None and self._slot(index).ttl_s is None
+
+    # -- updates ------------------------------------------------------------------------------------------------------
+
+    def stored(self, worker_id: str, hashes: Iterable[BlockHash]) -> None:
+        """The worker now holds these blocks (a ``BlockStored`` event, or a routed request in approximate mode).
+        Unknown workers are ignored."""
+        index = self._slot_of.get(worker_id)
+        if index is None:
+            return
+        slot = self._slot(index)
+        bit = 1 << index
+        held = self._held
+        lru = slot.held
+        expiry = _NO_EXPIRY if slot.ttl_s is None else self._clock() + slot.ttl_s
+        predicted = slot.predicted
+        for h in hashes:
+            mask = held.get(h, 0)
+            if mask & bit:
+                lru[h] = expiry
+                lru.move_to_end(h)
+            else:
+                held[h] = mask | bit
+                lru[h] = expiry
+            if predicted and predicted.pop(h, None) is not None:
+                self._clear_predicted_bit(h, bit)
+        if len(lru) > slot.capacity:
+            self._trim(slot, bit)
+
+    def removed(self, worker_id: str, hashes: Iterable[BlockHash]) -> None:
+        """The worker evicted these blocks. Unknown workers and blocks are ignored."""
+        index = self._slot_of.get(worker_id)
+        if index is None:
+            return
+        lru = self._slot(index).held
+        bit = 1 << index
+        for h in hashes:
+            if lru.pop(h, None) is not None:
+                self._clear_held_bit(h, bit)
+
+    def cleared(self, worker_id: str) -> None:
+        """The worker dropped its whole cache (``AllBlocksCleared``, an engine restart, lost events)."""
+        index = self._slot_of.get(worker_id)
+        if index is None:
+            return
+        old = self._slot(index)
+        self._retire(index)
+        self._slot_of[worker_id] = self._new_slot(_Slot(worker_id, old.capacity, old.ttl_s))
+
+    def record_routed(self, worker_id: str, hashes: Sequence[BlockHash]) -> None:
+        """The router sent a request with these blocks to the worker: an approximate worker now holds them; a precise
+        worker gets a prediction until its ``BlockStored`` arrives."""
+        index = self._slot_of.get(worker_id)
+        if index is None or not hashes:
+            return
+        slot = self._slot(index)
+        if slot.ttl_s is not None:
+            self.stored(worker_id, hashes)
+            return
+        bit = 1 << index
+        held = self._held
+        fresh = tuple(h for h in hashes if not held.get(h, 0) & bit)
+        if not fresh or len(slot.predicted) + len(fresh) > slot.capacity:
+            return
+        expiry = self._clock() + self.predicted_ttl_s
+        predicted = self._predicted
+        for h in fresh:
+            slot.predicted[h] = expiry
+            predicted[h] = predicted.get(h, 0) | bit
+        self._prediction_queue.append((expiry, slot, bit, fresh))
+
+    # -- queries ------------------------------------------------------------------------------------------------------
+
+    def overlap(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
+        """``{worker_id: leading blocks of hashes held or predicted}`` for every worker holding the first block."""
+        if not hashes or not self._alive:
+            return {}
+        held = self._held
+        predicted = self._predicted
+        if predicted:
+            current = (held.get(hashes[0], 0) | predicted.get(hashes[0], 0)) & self._alive
+        else:
+            current = held.get(hashes[0], 0) & self._alive
+        if not current:
+            return {}
+        out: dict[str, int] = {}
+        position = 1
+        if predicted:
+            for position in range(1, len(hashes)):
+                h = hashes[position]
+                mask = (held.get(h, 0) | predicted.get(h, 0)) & current
+                if mask != current:
+                    self._credit(out, current & ~mask, position)
+                    current = mask
+                    if not current:
+                        return out
+            position = len(hashes)
+        else:
+            for position in range(1, len(hashes)):
+                mask = held.get(hashes[position], 0) & current
+                if mask != current:
+                    self._credit(out, current & ~mask, position)
+                    current = mask
+                    if not current:
+                        return out
+            position = len(hashes)
+        self._credit(out, current, position)
+        return out
+
+    def holds(self, worker_id: str, h: BlockHash) -> bool:
+        """Whether the worker holds the block (predictions excluded)."""
+        index = self._slot_of.get(worker_id)
+        return index is not None and bool(self._held.get(h, 0) & (1 << index))
+
+    def blocks(self, worker_id: str) -> int:
+        """Blocks the worker holds (predictions excluded)."""
+        index = self._slot_of.get(worker_id)
+        return 0 if index is None else len(self._slot(index).held)
+
+    def stats(self) -> IndexStats:
+        live = [self._slot(i) for i in self._slot_of.values()]
+        return IndexStats(
+            workers=len(live),
+            held_blocks=sum(len(s.held) for s in live),
+            distinct_blocks=len(self._held),
+            predicted_blocks=sum(len(s.predicted) for s in live),
+            pending_release=sum(len(self._slot(i).held) + len(self._slot(i).predicted) for i in self._retired),
+        )
+
+    # -- maintenance --------------------------------------------------------------------------------------------------
+
+    def maintain(self, *, max_items: int = 50_000) -> int:
+        """Expire predictions and approximate entries, release retired slots' entries; at most about ``max_items``
+        entries per call. Returns how many entries it released."""
+        now = self._clock()
+        done = self._expire_predictions(now, max_items)
+        done += self._expire_held(now, max_items - done)
+        done += self._release_retired(max_items - done)
+        return done
+
+    # -- internals ----------------------------------------------------------------------------------------------------
+
+    def _slot(self, index: int) -> _Slot:
+        slot = self._slots[index]
+        assert slot is not None
+        return slot
+
+    def _new_slot(self, slot: _Slot) -> int:
+        if self._free:
+            index = self._free.pop()
+            self._slots[index] = slot
+        else:
+            index = len(self._slots)
+            self._slots.append(slot)
+        self._alive |= 1 << index
+        return index
+
+    def _retire(self, index: int) -> None:
+        self._alive &= ~(1 << index)
+        self._retired.append(index)
+
+    def _credit(self, out: dict[str, int], bits: int, count: int) -> None:
+        slots = self._slots
+        while bits:
+            low = bits & -bits
+            slot = slots[low.bit_length() - 1]
+            if slot is not None:
+                out[slot.worker_id] = count
+            bits ^= low
+
+    def _clear_held_bit(self, h: BlockHash, bit: int) -> None:
+        mask = self._held.get(h, 0) & ~bit
+        if mask:
+            self._held[h] = mask
+        else:
+            self._held.pop(h, None)
+
+    def _clear_predicted_bit(self, h: BlockHash, bit: int) -> None:
+        mask = self._predicted.get(h, 0) & ~bit
+        if mask:
+            self._predicted[h] = mask
+        else:
+            self._predicted.pop(h, None)
+
+    def _trim(self, slot: _Slot, bit: int) -> None:
+        lru = slot.held
+        while len(lru) > slot.capacity:
+            h, _ = lru.popitem(last=False)
+            self._clear_held_bit(h, bit)
+
+    def _expire_predictions(self, now: float, budget: int) -> int:
+        queue = self._prediction_queue
+        done = 0
+        while queue and queue[0][0] <= now and done < budget:
+            expiry, slot, bit, hashes = queue.popleft()
+            predicted = slot.predicted
+            for h in hashes:
+                if predicted.get(h) == expiry:  # not renewed or confirmed since
+                    del predicted[h]
+                    self._clear_predicted_bit(h, bit)
+            done += len(hashes)
+        return done
+
+    def _expire_held(self, now: float, budget: int) -> int:
+        done = 0
+        for index in self._slot_of.values():
+            slot = self._slot(index)
+            if slot.ttl_s is None:
+                continue
+            lru = slot.held
+            bit = 1 << index
+            while lru and done < budget:
+                h, expiry = next(iter(lru.items()))
+                if expiry > now:
+                    break
+                del lru[h]
+                self._clear_held_bit(h, bit)
+                done += 1
+        return done
+
+    def _release_retired(self, budget: int) -> int:
+        done = 0
+        while self._retired and done < budget:
+            index = self._retired[0]
+            slot = self._slot(index)
+            bit = 1 << index
+            while slot.held and done < budget:
+                h, _ = slot.held.popitem()
+                self._clear_held_bit(h, bit)
+                done += 1
+            while slot.predicted and done < budget:
+                h, _ = slot.predicted.popitem()
+                self._clear_predicted_bit(h, bit)
+                done += 1
+            if slot.held or slot.predicted:
+                break
+            self._retired.popleft()
+            self._slots[index] = None
+            self._free.append(index)
+        return done

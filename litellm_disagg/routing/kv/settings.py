@@ -1,0 +1,141 @@
+"""KVRoutingSettings: every knob of KV-aware routing, with its default, in one place.
+
+It is meant to sit under ``litellm_disagg: kv_routing:`` in ``proxy_config.yaml`` (see this package's README for an
+example). Unknown keys are refused, so a misspelt knob fails loudly at start-up.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+NonNegative = Annotated[float, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0)]
+
+ScorerName = Literal["prefix_overlap", "load", "kv_free", "kv_cost"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class IndexSettings(_Strict):
+    mode: Literal["precise", "approximate"] = "precise"
+    """``precise``: workers that publish KV events (``kv_events_endpoint``) are indexed from them; workers that do not
+    are indexed approximately. ``approximate``: never subscribe; every worker is indexed from routing decisions."""
+    approximate_ttl_s: Positive = 120.0
+    """Approximate entries expire this long after the router last sent those blocks to the worker."""
+    predicted_ttl_s: Positive = 30.0
+    """Longest a precise worker's predicted entry (routed, ``BlockStored`` not yet seen) counts. The event normally
+    replaces it much sooner; this only bounds a prediction whose request failed."""
+    max_blocks_per_worker: Annotated[int, Field(ge=1)] | None = None
+    """Bound of each worker's LRU; default: the worker's own ``kv_capacity_blocks``."""
+    maintain_interval_s: Positive = 0.1
+    """How often expiry and the release of departed workers' entries run (off the request path)."""
+    maintain_max_items: Annotated[int, Field(ge=1)] = 50_000
+    """At most this many entries released per maintenance run (bounds the time one run holds the event loop)."""
+
+
+class EventSettings(_Strict):
+    topic: str = ""
+    """ZMQ subscription prefix; empty: everything the worker publishes."""
+    on_gap: Literal["keep", "clear"] = "keep"
+    """Lost batches: ``keep`` the worker's entries (they age out through the LRU bound) or ``clear`` them."""
+    media: tuple[str, ...] = ("GPU",)
+    """Which ``medium`` values count as held (events without a medium always do)."""
+    kv_group: Annotated[int, Field(ge=0)] = 0
+    """The KV cache group whose events are applied (0: the full-attention group of ordinary models)."""
+    rcvhwm: Annotated[int, Field(ge=1)] = 100_000
+    reconnect_interval_s: Positive = 0.1
+    reconnect_interval_max_s: Positive = 5.0
+    heartbeat_s: Positive = 2.0
+
+
+class TokenizerSettings(_Strict):
+    model_dirs: dict[str, str] = Field(default_factory=dict)
+    """Served model name -> a directory (or hub id available offline) with its tokenizer and chat template."""
+    http_fallback: bool = True
+    """For a model without a directory (or when local tokenization fails): ask a worker's ``POST /tokenize``."""
+    timeout_s: Positive = 2.0
+    """Timeout of one ``/tokenize`` call; past it the request is routed on load alone."""
+    max_cached_tokenizers: Annotated[int, Field(ge=1)] = 8
+
+
+class LoadSettings(_Strict):
+    scrape_interval_s: Positive = 0.25
+    scrape_timeout_s: Positive = 1.0
+    stale_after_s: Positive = 2.0
+    """Scraped values older than this (or from a failed scrape) are ignored; the router's own counts remain."""
+    inflight_max_age_s: Positive = 900.0
+
+
+class CostWeights(_Strict):
+    """Dynamo-style additive cost, in blocks: ``prefill * (uncached + queued prefill blocks) + decode * used blocks
+    + active * active requests``."""
+
+    prefill: NonNegative = 1.0
+    decode: NonNegative = 1.0
+    active: NonNegative = 1.0
+
+
+class ProfileSettings(_Strict):
+    """How one pool's worker is chosen: scorer weights, the cost's terms, sampling temperature."""
+
+    weights: dict[ScorerName, NonNegative]
+    cost: CostWeights = CostWeights()
+    temperature: NonNegative = 0.0
+    """0: the best total wins (ties: least loaded, then random). Above 0: sample with softmax(total / temperature)."""
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> ProfileSettings:
+        if not any(w > 0 for w in self.weights.values()):
+            raise ValueError("a profile needs at least one scorer with a positive weight")
+        return self
+
+
+def _prefill_profile() -> ProfileSettings:
+    # Prefill workers: finish this prompt soonest = fewest (uncached + queued) tokens.
+    return ProfileSettings(weights={"kv_cost": 1.0}, cost=CostWeights(prefill=1.0, decode=0.0, active=0.0))
+
+
+def _decode_profile() -> ProfileSettings:
+    # Decode workers: load and free KV first; their own cache still saves transfer (and local prefill).
+    return ProfileSettings(weights={"kv_cost": 1.0, "kv_free": 0.25}, cost=CostWeights(prefill=1.0, decode=1.0, active=1.0))
+
+
+class DisaggDecisionSettings(_Strict):
+    """Conditional disaggregation: remote prefill or local prefill on the decode worker, per request."""
+
+    mode: Literal["auto", "always", "never"] = "auto"
+    """``always``: every splittable request prefills remotely (the behaviour without this feature); ``never``: the
+    decode worker prefills; ``auto``: the cost model decides (or ``min_remote_prefill_tokens`` when set)."""
+    min_remote_prefill_tokens: Annotated[int, Field(ge=0)] | None = None
+    """Operator override of the cost model: remote iff the tokens the decode worker lacks are at least this."""
+    prior_prefill_tokens_per_s: Positive = 10_000.0
+    prior_prefill_overhead_s: NonNegative = 0.02
+    prior_transfer_tokens_per_s: Positive = 200_000.0
+    prior_transfer_overhead_s: NonNegative = 0.005
+    """Priors for the online estimates, replaced by observations as they come (each counts as one observation)."""
+    halflife_observations: Positive = 50.0
+    """Older observations weigh half as much after this many newer ones."""
+    decode_time_weight: NonNegative = 1.0
+    """Cost of one second the decode worker spends prefilling, on top of the request's own wait, per request it
+    delays (the request's decode slot counts as one, plus each running request): time taken from decoding."""
+    local_prefill_speed: Positive = 1.0
+    """The decode worker's prefill speed relative to a prefill worker's (1: same hardware and model)."""
+
+
+class KVRoutingSettings(_Strict):
+    """The ``kv_routing:`` section."""
+
+    enabled: bool = False
+    index: IndexSettings = IndexSettings()
+    events: EventSettings = EventSettings()
+    tokenizer: TokenizerSettings = TokenizerSettings()
+    load: LoadSettings = LoadSettings()
+    prefill: ProfileSettings = Field(default_factory=_prefill_profile)
+    decode: ProfileSettings = Field(default_factory=_decode_profile)
+    disaggregation: DisaggDecisionSettings = DisaggDecisionSettings()
+    seed: int | None = None
+    """Seed of the tie-break and sampling randomness (None: from the OS)."""

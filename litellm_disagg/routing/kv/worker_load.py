@@ -1,0 +1,134 @@
+"""Per-worker load as the scorers see it: the router's own in-flight figures plus the worker's scraped metrics.
+
+- ``TokenLoadTracker`` is the router's own count, in tokens and blocks, of what it sent and has not seen finish:
+  prompt tokens a worker still has to prefill, KV blocks of requests decoding on it. Entries expire after
+  ``max_age_s`` so that a lost completion can never pin a worker (as ``routing.load.InflightTracker`` does for
+  request counts).
+- ``WorkerLoad`` is one immutable snapshot per worker, built by ``collect_loads`` for one routing decision.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from litellm_disagg.routing.kv.load_scraper import ScrapedLoad
+from litellm_disagg.routing.load import InflightTracker
+from litellm_disagg.runtime_config import RuntimeConfig
+
+
+@dataclass(frozen=True)
+class WorkerLoad:
+    worker_id: str
+    kv_capacity_blocks: int
+    inflight_requests: int = 0
+    """Requests this router has in flight there (``InflightTracker``)."""
+    inflight_prefill_tokens: int = 0
+    """Prompt tokens this router sent there that are still being prefilled."""
+    inflight_decode_blocks: int = 0
+    """KV blocks of the requests this router has decoding there."""
+    scraped: ScrapedLoad = ScrapedLoad()
+
+    @property
+    def active_requests(self) -> float:
+        """Requests running or queued there: the larger of the router's count and the engine's (which also sees
+        other routers' requests, but lags by up to a scrape interval)."""
+        engine = self.scraped.running + self.scraped.waiting
+        return float(self.inflight_requests) if self.scraped.stale else max(float(self.inflight_requests), engine)
+
+    @property
+    def used_blocks(self) -> float:
+        """KV blocks in use: the larger of the router's in-flight decode blocks and the engine's reported usage."""
+        engine = 0.0 if self.scraped.stale else self.scraped.kv_usage * self.kv_capacity_blocks
+        return max(float(self.inflight_decode_blocks), engine)
+
+    @property
+    def free_kv_fraction(self) -> float:
+        if self.kv_capacity_blocks <= 0:
+            return 0.0
+        return max(0.0, 1.0 - self.used_blocks / self.kv_capacity_blocks)
+
+
+@dataclass
+class _Entry:
+    worker_id: str
+    prefill_tokens: int
+    decode_blocks: int
+    started_at: float
+
+
+class TokenLoadTracker:
+    def __init__(self, *, max_age_s: float = 900.0, clock: Callable[[], float] = time.monotonic):
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._entries: dict[str, _Entry] = {}
+        self._prefill: Counter[str] = Counter()
+        self._decode: Counter[str] = Counter()
+
+    def start(self, key: str, worker_id: str, *, prefill_tokens: int = 0, decode_blocks: int = 0) -> None:
+        """Count a request sent to ``worker_id`` (replacing any entry under ``key``)."""
+        self.finish(key)
+        self._entries[key] = _Entry(worker_id, prefill_tokens, decode_blocks, self._clock())
+        self._prefill[worker_id] += prefill_tokens
+        self._decode[worker_id] += decode_blocks
+
+    def prefill_done(self, key: str) -> None:
+        """The request's prompt is computed (its first token came back): its prefill tokens stop counting."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.prefill_tokens:
+            self._sub(self._prefill, entry.worker_id, entry.prefill_tokens)
+            entry.prefill_tokens = 0
+
+    def finish(self, key: str) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._sub(self._prefill, entry.worker_id, entry.prefill_tokens)
+            self._sub(self._decode, entry.worker_id, entry.decode_blocks)
+
+    def prefill_tokens(self, worker_id: str) -> int:
+        self._expire()
+        return self._prefill.get(worker_id, 0)
+
+    def decode_blocks(self, worker_id: str) -> int:
+        self._expire()
+        return self._decode.get(worker_id, 0)
+
+    @staticmethod
+    def _sub(counter: Counter[str], worker_id: str, amount: int) -> None:
+        if amount:
+            counter[worker_id] -= amount
+            if counter[worker_id] <= 0:
+                del counter[worker_id]
+
+    def _expire(self) -> None:
+        if not self._entries:
+            return
+        deadline = self._clock() - self.max_age_s
+        for key, entry in list(self._entries.items()):  # insertion order is start order: stop at the first young one
+            if entry.started_at >= deadline:
+                break
+            self.finish(key)
+
+
+def collect_loads(
+    candidates: Iterable[RuntimeConfig],
+    *,
+    inflight: InflightTracker | None = None,
+    tokens: TokenLoadTracker | None = None,
+    scraped: Mapping[str, ScrapedLoad] | None = None,
+) -> dict[str, WorkerLoad]:
+    """One snapshot per candidate, from whichever sources are given."""
+    out: dict[str, WorkerLoad] = {}
+    for worker in candidates:
+        wid = worker.worker_id
+        out[wid] = WorkerLoad(
+            worker_id=wid,
+            kv_capacity_blocks=worker.kv_capacity_blocks,
+            inflight_requests=inflight.count(wid) if inflight is not None else 0,
+            inflight_prefill_tokens=tokens.prefill_tokens(wid) if tokens is not None else 0,
+            inflight_decode_blocks=tokens.decode_blocks(wid) if tokens is not None else 0,
+            scraped=(scraped or {}).get(wid, ScrapedLoad()),
+        )
+    return out
