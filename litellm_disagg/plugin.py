@@ -24,6 +24,7 @@ import yaml
 from litellm.integrations.custom_logger import CustomLogger
 
 from litellm_disagg.routing.controller import DisaggController
+from litellm_disagg.routing.deployments import worker_id_of
 from litellm_disagg.routing.request import record_call_type, strip_transfer_params
 from litellm_disagg.settings import DisaggSettings
 from litellm_disagg.workers.registry import Registry
@@ -50,6 +51,12 @@ class DisaggPlugin(CustomLogger):
         self._follower = loop.create_task(self._follow_proxy(), name="litellm-disagg-follow")
 
     async def attach(self, router: Any, settings: DisaggSettings, registry: Registry | None = None) -> DisaggController:
+        """Route ``router``'s disaggregated model groups. Also registers this callback with LiteLLM (the proxy does
+        that from its config; an SDK user of the Router gets it here), for the events that end in-flight entries."""
+        import litellm
+
+        if self not in litellm.callbacks:
+            litellm.callbacks.append(self)
         if self.controller is not None:
             await self.controller.stop()
         self.controller = DisaggController(router, settings, registry or make_registry(settings.registry))
@@ -57,6 +64,10 @@ class DisaggPlugin(CustomLogger):
         return self.controller
 
     async def detach(self) -> None:
+        import litellm
+
+        if self in litellm.callbacks:
+            litellm.callbacks.remove(self)
         if self._follower is not None:
             self._follower.cancel()
             self._follower = None
@@ -92,15 +103,26 @@ class DisaggPlugin(CustomLogger):
         return data
 
     async def async_log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
-        self._finished(kwargs)
+        self._finished(kwargs, failed=False)
 
     async def async_log_failure_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
-        self._finished(kwargs)
+        self._finished(kwargs, failed=_worker_fault(kwargs.get("exception")))
 
-    def _finished(self, kwargs: dict[str, Any]) -> None:
+    def _finished(self, kwargs: dict[str, Any], *, failed: bool) -> None:
         call_id = kwargs.get("litellm_call_id")
         if self.controller is not None and isinstance(call_id, str):
-            self.controller.finished(call_id)
+            litellm_params = kwargs.get("litellm_params")
+            model_info = litellm_params.get("model_info") if isinstance(litellm_params, dict) else None
+            worker_id = worker_id_of({"model_info": model_info}) if isinstance(model_info, dict) else None
+            self.controller.finished(call_id, worker_id=worker_id, failed=failed)
+
+
+def _worker_fault(exc: object) -> bool:
+    """Whether a failed call says the worker is in trouble (unreachable, 5xx, timeout), not the request."""
+    import litellm
+
+    faults = (litellm.APIConnectionError, litellm.InternalServerError, litellm.ServiceUnavailableError, litellm.Timeout)
+    return isinstance(exc, faults)
 
 
 def load_settings(config_path: str | None) -> DisaggSettings:

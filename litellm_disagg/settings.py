@@ -146,6 +146,9 @@ class DisaggSettings(BaseModel):
     """Prefill workers tried per request before decoding locally (aggregated)."""
     aggregated_fallback: bool = True
     """With no prefill worker (or all failing), let the decode worker compute the prompt itself instead of failing."""
+    failure_cooldown_s: Annotated[float, Field(ge=0)] = 5.0
+    """A worker whose call just failed (unreachable, 5xx, timeout) gets no new work for this long, unless it is the
+    only one. Bridges the gap between a crash and discovery noticing it."""
     sync_interval_s: Annotated[float, Field(gt=0)] = 0.5
     """How often the plugin checks that its routing strategy is still installed on the proxy's router."""
 

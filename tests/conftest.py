@@ -1,5 +1,8 @@
 import importlib.util
 import os
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: never fetch the cost map
+import os
 from pathlib import Path
 
 import pytest

@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from litellm_disagg.routing import deployments
-from litellm_disagg.routing.load import InflightTracker
+from litellm_disagg.routing.load import FailureCooldown, InflightTracker
 from litellm_disagg.routing.orchestrator import Orchestrator
 from litellm_disagg.routing.picker import make_picker
 from litellm_disagg.routing.pool import WorkerPool
@@ -35,6 +35,7 @@ class DisaggController:
         self.registry = registry
         self.pool = WorkerPool()
         self.load = InflightTracker()
+        self.cooldown = FailureCooldown(cooldown_s=settings.failure_cooldown_s)
         self.prefill_client = PrefillClient(
             timeout_s=settings.prefill_timeout_s, connect_timeout_s=settings.prefill_connect_timeout_s
         )
@@ -44,6 +45,7 @@ class DisaggController:
             load=self.load,
             max_attempts=settings.max_prefill_attempts,
             aggregated_fallback=settings.aggregated_fallback,
+            cooldown=self.cooldown,
         )
         self.strategy = DisaggRoutingStrategy(
             router=router,
@@ -51,6 +53,7 @@ class DisaggController:
             picker=make_picker(settings.picker),
             orchestrator=self.orchestrator,
             load=self.load,
+            cooldown=self.cooldown,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.pool_changed = asyncio.Event()
@@ -74,9 +77,12 @@ class DisaggController:
         if self.strategy.install():
             logger.info("litellm-disagg routing strategy installed on the router")
 
-    def finished(self, call_id: str) -> None:
-        """A decode call ended (LiteLLM's success or failure event)."""
-        self.load.finish(DECODE_KEY_PREFIX + call_id)
+    def finished(self, call_id: str, *, worker_id: str | None = None, failed: bool = False) -> None:
+        """A decode call on ``worker_id`` (when known) ended: LiteLLM's success or failure event. A worker whose call
+        failed for the worker's own reasons cools down."""
+        ended_on = self.load.finish(DECODE_KEY_PREFIX + call_id, worker_id)
+        if failed and (worker_id or ended_on):
+            self.cooldown.failed(worker_id or ended_on or "")
 
     def apply(self, pool: WorkerPool) -> None:
         self.pool = pool

@@ -9,6 +9,11 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import TypeVar
+
+from litellm_disagg.runtime_config import RuntimeConfig
+
+T = TypeVar("T", bound=RuntimeConfig)
 
 
 @dataclass
@@ -28,12 +33,17 @@ class InflightTracker:
         self._entries[key] = _Entry(worker_id, time.monotonic())
         self._counts[worker_id] += 1
 
-    def finish(self, key: str) -> None:
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            self._counts[entry.worker_id] -= 1
-            if self._counts[entry.worker_id] <= 0:
-                del self._counts[entry.worker_id]
+    def finish(self, key: str, worker_id: str | None = None) -> str | None:
+        """End an entry (only if it is on ``worker_id``, when given: a late event of an earlier attempt must not end
+        its retry's entry); returns the worker it was on, or None."""
+        entry = self._entries.get(key)
+        if entry is None or (worker_id is not None and entry.worker_id != worker_id):
+            return None
+        del self._entries[key]
+        self._counts[entry.worker_id] -= 1
+        if self._counts[entry.worker_id] <= 0:
+            del self._counts[entry.worker_id]
+        return entry.worker_id
 
     def count(self, worker_id: str) -> int:
         self._expire()
@@ -48,3 +58,32 @@ class InflightTracker:
             if entry.started_at >= deadline:
                 break
             self.finish(key)
+
+
+class FailureCooldown:
+    """Workers that just failed a call (connection refused or reset, 5xx) sit out new work for ``cooldown_s``.
+
+    Between a crash and discovery noticing it (a heartbeat TTL or a health-check interval), this keeps a dead worker
+    from attracting traffic: with fewest-in-flight picking it would otherwise look like the idlest worker of all.
+    A worker that is the only candidate is still used.
+    """
+
+    def __init__(self, *, cooldown_s: float = 5.0):
+        self.cooldown_s = cooldown_s
+        self._until: dict[str, float] = {}
+
+    def failed(self, worker_id: str) -> None:
+        self._until[worker_id] = time.monotonic() + self.cooldown_s
+
+    def cooling(self, worker_id: str) -> bool:
+        until = self._until.get(worker_id)
+        if until is None:
+            return False
+        if until <= time.monotonic():
+            del self._until[worker_id]
+            return False
+        return True
+
+    def prefer_healthy(self, candidates: list[T]) -> list[T]:
+        healthy = [c for c in candidates if not self.cooling(c.worker_id)]
+        return healthy or candidates

@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from prometheus_client import Counter
 
-from litellm_disagg.routing.load import InflightTracker
+from litellm_disagg.routing.load import FailureCooldown, InflightTracker
 from litellm_disagg.routing.picker import Picker
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.request import DisaggRequest
@@ -56,12 +56,14 @@ class Orchestrator:
         load: InflightTracker,
         max_attempts: int = 2,
         aggregated_fallback: bool = True,
+        cooldown: FailureCooldown | None = None,
     ):
         self.prefill_client = prefill_client
         self.picker = picker
         self.load = load
         self.max_attempts = max_attempts
         self.aggregated_fallback = aggregated_fallback
+        self.cooldown = cooldown or FailureCooldown()
 
     async def plan(self, pool: WorkerPool, request: DisaggRequest, decode: RuntimeConfig) -> DecodePlan:
         if not request.splittable:
@@ -69,7 +71,8 @@ class Orchestrator:
         tried: list[str] = [decode.worker_id]  # a worker never prefills for itself: that is just aggregated serving
         reason = "no prefill worker available"
         for _ in range(self.max_attempts):
-            prefill = self.picker.pick(pool.prefill_candidates(decode.model, exclude=tried), self.load)
+            candidates = self.cooldown.prefer_healthy(pool.prefill_candidates(decode.model, exclude=tried))
+            prefill = self.picker.pick(candidates, self.load)
             if prefill is None:
                 break
             tried.append(prefill.worker_id)
@@ -86,6 +89,7 @@ class Orchestrator:
                 )
             except PrefillUnavailable as exc:
                 PREFILL_FAILURES.labels(prefill.worker_id).inc()
+                self.cooldown.failed(prefill.worker_id)
                 logger.warning("request %s: %s; trying elsewhere", request.request_id, exc)
                 reason = str(exc)
                 continue

@@ -7,6 +7,7 @@ live in those modules. Model groups that litellm-disagg does not manage are hand
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ from litellm.types.router import CustomRoutingStrategyBase
 
 from litellm_disagg.routing.deployments import worker_id_of
 from litellm_disagg.routing.errors import client_error, unavailable
-from litellm_disagg.routing.load import InflightTracker
+from litellm_disagg.routing.load import FailureCooldown, InflightTracker
 from litellm_disagg.routing.orchestrator import Mode, NoPrefillAvailable, Orchestrator
 from litellm_disagg.routing.picker import Picker
 from litellm_disagg.routing.pool import WorkerPool
@@ -35,8 +36,10 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         picker: Picker,
         orchestrator: Orchestrator,
         load: InflightTracker,
+        cooldown: FailureCooldown,
     ):
         self._router = router
+        self._cooldown = cooldown
         self._pool = pool
         self._picker = picker
         self._orchestrator = orchestrator
@@ -90,31 +93,37 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
             )
         pool = self._pool()
         candidates = [w for wid in ours if (w := pool.get(wid)) is not None and w.routable and w.role.can_decode]
-        decode = self._picker.pick(candidates, self._load)
+        decode = self._picker.pick(self._cooldown.prefer_healthy(candidates), self._load)
         if decode is None:
             raise unavailable(f"no ready decode worker for model {model!r}", model)
 
+        # Counted in flight from the moment it is chosen (not after the prefill), so that requests selected
+        # concurrently while prefills run see each other. LiteLLM keeps a call id it is given (else it makes one
+        # after selection, too late for us): the success and failure events find this entry by it.
+        call_id = request_kwargs.setdefault("litellm_call_id", str(uuid.uuid4()))
+        key = DECODE_KEY_PREFIX + call_id
+        self._load.start(key, decode.worker_id)
         request = DisaggRequest.from_router_call(messages=messages, request_kwargs=request_kwargs)
         try:
             plan = await self._orchestrator.plan(pool, request, decode)
         except PrefillRejected as exc:
+            self._load.finish(key)
             raise client_error(exc, model) from exc
         except NoPrefillAvailable as exc:
+            self._load.finish(key)
             raise unavailable(f"no prefill worker could serve model {model!r}: {exc}", model) from exc
+        except BaseException:
+            self._load.finish(key)
+            raise
 
         if plan.mode is Mode.DISAGGREGATED and plan.transfer is not None:
             request_kwargs["kv_transfer_params"] = plan.transfer.for_decode()
         headers = dict(request_kwargs.get("extra_headers") or {})
         headers["X-Request-Id"] = request.request_id
         request_kwargs["extra_headers"] = headers
-        self._load.start(DECODE_KEY_PREFIX + _call_key(request_kwargs, request.request_id), decode.worker_id)
         return ours[decode.worker_id]
 
     def get_available_deployment(self, *args: Any, **kwargs: Any) -> Any:
         """Synchronous calls (the proxy makes none for completions) get LiteLLM's own selection, aggregated."""
         return type(self._router).get_available_deployment(self._router, *args, **kwargs)
 
-
-def _call_key(request_kwargs: dict[str, Any], fallback: str) -> str:
-    call_id = request_kwargs.get("litellm_call_id")
-    return call_id if isinstance(call_id, str) and call_id else fallback

@@ -1,0 +1,219 @@
+"""Load and faults together: many concurrent streaming requests through a LiteLLM Router running the litellm-disagg
+strategy, over simulated workers that join, drain and crash while the load runs.
+
+Every request must end exactly once: completed with exactly the text the same prompt gives on a single worker, or
+failed with an exception the client sees. ``SoakReport`` counts what happened; ``tests/test_soak.py`` asserts on it
+and ``bench/soak.py`` prints it and plots it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from litellm_disagg.runtime_config import WorkerRole
+from litellm_disagg.settings import DisaggSettings, FileRegistrySettings
+from litellm_disagg.sim.cluster import SimCluster
+from litellm_disagg.sim.settings import SimSettings
+from litellm_disagg.workers.file_registry import FileRegistry
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    requests: int = 300
+    concurrency: int = 200
+    prefill: int = 2
+    decode: int = 3
+    prompts: int = 24
+    max_tokens: int = 24
+    speedup: float = 20.0
+    registry_ttl_s: float = 1.5
+    seed: int = 0
+    chaos: bool = True
+    """Join, drain and crash workers (both roles) while the load runs."""
+
+
+@dataclass
+class Outcome:
+    index: int
+    ends: int = 0
+    """How many times this request ended (must be exactly 1)."""
+    ok: bool = False
+    text: str = ""
+    error: str = ""
+    ttft_s: float | None = None
+    latency_s: float = 0.0
+
+
+@dataclass
+class SoakReport:
+    config: SoakConfig
+    outcomes: list[Outcome]
+    events: list[tuple[float, str]] = field(default_factory=list)
+    expected: dict[int, str] = field(default_factory=dict)
+    wall_s: float = 0.0
+    cut_by_crashes: int = 0
+    """Requests that were on decode workers when they crashed: their streams may be cut (an error, not a loss)."""
+
+    @property
+    def completed(self) -> int:
+        return sum(1 for o in self.outcomes if o.ok)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for o in self.outcomes if o.ends == 1 and not o.ok)
+
+    @property
+    def lost(self) -> int:
+        return sum(1 for o in self.outcomes if o.ends == 0)
+
+    @property
+    def ended_twice(self) -> int:
+        return sum(1 for o in self.outcomes if o.ends > 1)
+
+    @property
+    def wrong_text(self) -> int:
+        return sum(1 for o in self.outcomes if o.ok and o.text != self.expected[o.index % self.config.prompts])
+
+    def percentile(self, values: list[float], q: float) -> float:
+        if not values:
+            return float("nan")
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def summary(self) -> str:
+        ttfts = [o.ttft_s for o in self.outcomes if o.ok and o.ttft_s is not None]
+        latencies = [o.latency_s for o in self.outcomes if o.ok]
+        errors: dict[str, int] = {}
+        for o in self.outcomes:
+            if o.ends == 1 and not o.ok:
+                errors[o.error] = errors.get(o.error, 0) + 1
+        lines = [
+            f"requests {len(self.outcomes)}  concurrency {self.config.concurrency}  wall {self.wall_s:.1f}s",
+            f"completed {self.completed}  failed cleanly {self.failed}  lost {self.lost}  ended twice {self.ended_twice}"
+            f"  wrong text {self.wrong_text}",
+            f"TTFT p50 {self.percentile(ttfts, 0.5) * 1000:.0f} ms  p99 {self.percentile(ttfts, 0.99) * 1000:.0f} ms;"
+            f"  latency p50 {self.percentile(latencies, 0.5) * 1000:.0f} ms  p99 {self.percentile(latencies, 0.99) * 1000:.0f} ms"
+            f"  mean {statistics.fmean(latencies) * 1000 if latencies else float('nan'):.0f} ms",
+        ]
+        lines += [f"  error: {count} x {name}" for name, count in sorted(errors.items())]
+        lines += [f"  t={t:5.2f}s {what}" for t, what in self.events]
+        return "\n".join(lines)
+
+
+def _messages(i: int) -> list[dict[str, str]]:
+    system = f"You are assistant number {i % 4}. " + "Answer briefly and precisely. " * 20
+    return [{"role": "system", "content": system}, {"role": "user", "content": f"Question {i}: what is {i} squared?"}]
+
+
+async def _expected_texts(cluster: SimCluster, config: SoakConfig) -> dict[int, str]:
+    """The text each prompt gives on a single worker, computed there directly (aggregated)."""
+    worker = cluster.workers_with(WorkerRole.DECODE)[0]
+    out: dict[int, str] = {}
+    async with httpx.AsyncClient(timeout=60) as client:
+        for i in range(config.prompts):
+            body = {"model": cluster.settings.model, "messages": _messages(i), "max_tokens": config.max_tokens}
+            r = await client.post(f"{worker.base_url}/chat/completions", json=body)
+            r.raise_for_status()
+            out[i] = r.json()["choices"][0]["message"]["content"]
+    return out
+
+
+async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
+    import litellm
+
+    from litellm_disagg.plugin import DisaggPlugin
+
+    registry_dir = workdir / "registry"
+    settings = SimSettings().with_speedup(config.speedup)
+    rng = random.Random(config.seed)
+    cluster = SimCluster(registry=FileRegistry(registry_dir, ttl_s=config.registry_ttl_s), settings=settings,
+                         heartbeat_interval_s=0.2, name="soak")
+    plugin = DisaggPlugin()
+    router = litellm.Router(model_list=[], num_retries=2, timeout=60, retry_after=0)
+    report = SoakReport(config=config, outcomes=[Outcome(i) for i in range(config.requests)])
+    try:
+        await cluster.start(prefill=config.prefill, decode=config.decode)
+        report.expected = await _expected_texts(cluster, config)
+        disagg = DisaggSettings(
+            registry=FileRegistrySettings(path=str(registry_dir), ttl_s=config.registry_ttl_s, poll_interval_s=0.05),
+            sync_interval_s=0.1,
+        )
+        controller = await plugin.attach(router, disagg)
+        while len(controller.pool.decode_candidates(settings.model)) < config.decode:
+            await asyncio.sleep(0.05)
+
+        start = time.monotonic()
+        semaphore = asyncio.Semaphore(config.concurrency)
+
+        async def one(outcome: Outcome) -> None:
+            async with semaphore:
+                t0 = time.monotonic()
+                try:
+                    data: dict[str, Any] = {"model": settings.model, "messages": _messages(outcome.index % config.prompts),
+                                            "max_tokens": config.max_tokens, "stream": True}
+                    await plugin.async_pre_call_hook(None, None, data, "acompletion")
+                    stream = await router.acompletion(**data)
+                    pieces: list[str] = []
+                    async for chunk in stream:
+                        delta = chunk.choices[0].delta.content if chunk.choices else None
+                        if delta:
+                            if outcome.ttft_s is None:
+                                outcome.ttft_s = time.monotonic() - t0
+                            pieces.append(delta)
+                    outcome.text = "".join(pieces)
+                    outcome.ok = True
+                except Exception as exc:  # a clean failure: the client sees an exception
+                    outcome.error = type(exc).__name__
+                finally:
+                    outcome.latency_s = time.monotonic() - t0
+                    outcome.ends += 1
+
+        async def chaos() -> None:
+            def note(what: str) -> None:
+                report.events.append((time.monotonic() - start, what))
+
+            steps: list[tuple[str, WorkerRole]] = [
+                ("add", WorkerRole.DECODE), ("crash", WorkerRole.PREFILL), ("drain", WorkerRole.DECODE),
+                ("add", WorkerRole.PREFILL), ("crash", WorkerRole.DECODE), ("drain", WorkerRole.PREFILL),
+            ]
+            for action, role in steps:
+                await asyncio.sleep(rng.uniform(0.3, 0.8))
+                live = [w for w in cluster.workers_with(role) if w.worker_id]
+                if action == "add":
+                    worker = await cluster.add(role)
+                    note(f"joined {worker.worker_id}")
+                elif len(live) > 1:
+                    victim = rng.choice(live)
+                    if action == "crash":
+                        scheduler = victim.engine.scheduler
+                        # On it: what its engine holds, or what the router has sent it (some still in transit).
+                        busy = max(scheduler.num_running + scheduler.num_waiting, controller.load.count(victim.worker_id))
+                        if role is WorkerRole.DECODE:
+                            report.cut_by_crashes += busy
+                        await cluster.crash(victim.worker_id)
+                        note(f"crashed {victim.worker_id} with {busy} requests on it")
+                    else:
+                        note(f"draining {victim.worker_id}")
+                        await cluster.drain(victim.worker_id)
+                        note(f"drained {victim.worker_id}")
+
+        tasks = [asyncio.create_task(one(o)) for o in report.outcomes]
+        chaos_task = asyncio.create_task(chaos()) if config.chaos else None
+        await asyncio.wait(tasks, timeout=600)
+        if chaos_task is not None:
+            await chaos_task
+        report.wall_s = time.monotonic() - start
+        for task in tasks:
+            task.cancel()
+    finally:
+        await plugin.detach()
+        await cluster.close()
+    return report
