@@ -228,3 +228,18 @@ async def test_decode_crash_is_retried_elsewhere_with_a_fresh_prefill(stack):
     assert len(set(request_ids)) == len(request_ids) >= 4
     assert all(d["body"]["kv_transfer_params"]["remote_request_id"] == d["headers"]["x-request-id"] for d in decodes)
     assert {d["headers"]["x-request-id"] for d in decodes} <= set(request_ids)
+
+
+async def test_all_deployments_cooling_down_in_litellm_still_routes_our_group(stack, monkeypatch):
+    await stack.add("p1", "prefill")
+    decode = await stack.add("d1", "decode")
+    await stack.start()
+
+    async def everything_cooling_down(*args, **kwargs):
+        raise litellm.BadRequestError(message="There are no healthy deployments for this model", model=MODEL, llm_provider="")
+
+    monkeypatch.setattr(stack.router, "async_get_healthy_deployments", everything_cooling_down)
+    assert (await chat(stack)).choices[0].message.content == ANSWER
+    assert len(await recorded(decode)) == 1
+    with pytest.raises(litellm.BadRequestError):  # a group that is not ours keeps LiteLLM's answer
+        await stack.router.acompletion(model="plain", messages=[{"role": "user", "content": "x"}])

@@ -72,13 +72,21 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         found = strip_transfer_params(request_kwargs)
         if found:
             logger.warning("dropped client-supplied %s for model %s", ", ".join(found), model)
-        healthy = await self._router.async_get_healthy_deployments(
-            model=model,
-            request_kwargs=request_kwargs,
-            messages=messages,
-            input=input,
-            specific_deployment=specific_deployment,
-        )
+        try:
+            healthy = await self._router.async_get_healthy_deployments(
+                model=model,
+                request_kwargs=request_kwargs,
+                messages=messages,
+                input=input,
+                specific_deployment=specific_deployment,
+            )
+        except Exception:
+            # LiteLLM has every deployment of the group cooling down (after a crash, failures pile up on all of them
+            # at once). For our groups the pool knows better: its ready workers, with our own failure cooldown
+            # preferring the healthy ones, never refusing the last one.
+            healthy = self._own_deployments(model)
+            if not healthy:
+                raise
         deployments = [healthy] if isinstance(healthy, dict) else list(healthy or [])
         ours = {wid: d for d in deployments if (wid := worker_id_of(d)) is not None}
         if not ours:
@@ -122,6 +130,10 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         headers["X-Request-Id"] = request.request_id
         request_kwargs["extra_headers"] = headers
         return ours[decode.worker_id]
+
+    def _own_deployments(self, model: str) -> list[dict[str, Any]]:
+        model_list = self._router.get_model_list(model_name=model) or []
+        return [d for d in model_list if worker_id_of(d) is not None]
 
     def get_available_deployment(self, *args: Any, **kwargs: Any) -> Any:
         """Synchronous calls (the proxy makes none for completions) get LiteLLM's own selection, aggregated."""

@@ -48,6 +48,7 @@ class Outcome:
     ok: bool = False
     text: str = ""
     error: str = ""
+    detail: str = ""
     ttft_s: float | None = None
     latency_s: float = 0.0
 
@@ -104,6 +105,8 @@ class SoakReport:
             f"  mean {statistics.fmean(latencies) * 1000 if latencies else float('nan'):.0f} ms",
         ]
         lines += [f"  error: {count} x {name}" for name, count in sorted(errors.items())]
+        details = sorted({o.detail for o in self.outcomes if o.ends == 1 and not o.ok})
+        lines += [f"    e.g. {d}" for d in details[:3]]
         lines += [f"  t={t:5.2f}s {what}" for t, what in self.events]
         return "\n".join(lines)
 
@@ -172,6 +175,7 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
                     outcome.ok = True
                 except Exception as exc:  # a clean failure: the client sees an exception
                     outcome.error = type(exc).__name__
+                    outcome.detail = str(exc)[:300]
                 finally:
                     outcome.latency_s = time.monotonic() - t0
                     outcome.ends += 1

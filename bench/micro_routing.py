@@ -1,0 +1,426 @@
+"""Micro-benchmark of KV-aware routing: decision latency and KV-event ingestion rate. Prints its figures.
+
+    .venv/bin/python bench/micro_routing.py [--workers 64] [--blocks 1000000] [--block-size 16] [--model-dir DIR]
+
+What it measures (p50 / p99 over many decisions, one process, no network):
+
+- ``hash``: chained block hashes of the prompt's token ids;
+- ``lookup``: one prefix-index query (``PrefixIndex.overlap``) over 64 workers holding 1M blocks in all;
+- ``decision``: hash + lookup + load snapshot + scoring + selection, for the prefill pool and the decode pool
+  (``KVRouter.select_prefill`` and ``select_decode``), tokenization excluded;
+- ``tokenize``: the model's tokenizer and chat template, in a thread (``KVRouter.prompt``), and ``decision+tokenize``.
+  With ``--model-dir`` that model's tokenizer; else the tiny test model if it is on disk, else a small BPE built here.
+
+Ingestion: vLLM-encoded KV event batches (msgpack bytes, as on the wire) for the same workers, measured as
+``decode+apply`` (``decode_message`` + ``EventApplier.apply``: hash rebuild, translation, index update),
+``apply`` (already decoded batches), ``index only`` (``PrefixIndex.stored``/``removed`` on ready hashes), and over
+a real ZMQ PUB -> SUB pair on 127.0.0.1 (``KVEventSubscriber``). Rates are block events per second (each stored
+or removed block counts one).
+
+Figures depend on the machine and on what else runs on it: compare runs on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from litellm_disagg.routing.kv.block_hash import ROOT, PromptBlocks, chain_hashes  # noqa: E402
+from litellm_disagg.routing.kv.event_applier import EventApplier  # noqa: E402
+from litellm_disagg.routing.kv.kv_events import BlockRemoved, BlockStored, decode_message  # noqa: E402
+from litellm_disagg.routing.kv.prefix_index import PrefixIndex  # noqa: E402
+from litellm_disagg.routing.kv.router import KVRouter  # noqa: E402
+from litellm_disagg.routing.kv.settings import KVRoutingSettings  # noqa: E402
+from litellm_disagg.routing.pool import WorkerPool  # noqa: E402
+from litellm_disagg.routing.request import DisaggRequest  # noqa: E402
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState  # noqa: E402
+from litellm_disagg.transfer.vllm import Endpoint  # noqa: E402
+
+TINY_MODEL = Path.home() / ".cache" / "litellm-disagg" / "test-models" / "tiny-llama-v1"
+VOCAB = 32_000
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def percentiles(samples: list[float]) -> str:
+    samples = sorted(samples)
+    p50 = statistics.median(samples)
+    p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
+    return f"p50 {p50 * 1e6:8.1f} us   p99 {p99 * 1e6:8.1f} us"
+
+
+def timed(fn: Callable[[], object], n: int) -> list[float]:
+    fn()
+    out = []
+    for _ in range(n):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+# -- the cluster -------------------------------------------------------------------------------------------------------
+
+
+def workers(n: int, capacity: int, block_size: int) -> list[RuntimeConfig]:
+    out = []
+    for i in range(n):
+        role = WorkerRole.PREFILL if i < n // 2 else WorkerRole.DECODE
+        out.append(RuntimeConfig(
+            worker_id=f"w{i:02d}", model="m", role=role, base_url=f"http://127.0.0.1:{20000 + i}/v1",
+            nixl_host="127.0.0.1", nixl_port=5600, kv_capacity_blocks=capacity, block_size=block_size,
+            kv_events_endpoint=f"tcp://127.0.0.1:{30000 + i}", state=WorkerState.READY,
+        ))
+    return out
+
+
+def fill(index: PrefixIndex, configs: list[RuntimeConfig], docs: list[list[int]], per_worker: int, block_size: int,
+         rng: random.Random) -> None:
+    """Each worker holds a few shared documents' prefixes (what prompts will hit) and unique blocks to capacity."""
+    doc_hashes = [chain_hashes(d, block_size) for d in docs]
+    for w in configs:
+        for d in rng.sample(range(len(docs)), min(8, len(docs))):
+            index.stored(w.worker_id, doc_hashes[d][: rng.randrange(len(doc_hashes[d]) // 8, len(doc_hashes[d]))])
+        while index.blocks(w.worker_id) < per_worker:
+            index.stored(w.worker_id, chain_hashes([rng.randrange(VOCAB) for _ in range(block_size * 256)], block_size))
+
+
+# -- tokenizer ---------------------------------------------------------------------------------------------------------
+
+
+def tokenizer_dir(arg: str | None, scratch: Path) -> Path:
+    if arg:
+        return Path(arg)
+    if (TINY_MODEL / "tokenizer.json").is_file():
+        return TINY_MODEL
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    import sysconfig
+
+    texts = [p.read_text(errors="ignore") for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:80]]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(vocab_size=4096, special_tokens=["<|im_start|>", "<|im_end|>"],
+                                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
+    fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    out = scratch / "bpe"
+    fast.save_pretrained(out)
+    return out
+
+
+def text_of_tokens(directory: Path, target: int, rng: random.Random) -> str:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(directory)
+    words = [w for w in Path(__file__).read_text().split() if w.isalpha()] or ["routing"]
+    text = ""
+    while len(tok(text, add_special_tokens=False)["input_ids"]) < target:
+        text += " ".join(rng.choice(words) for _ in range(max(16, (target - len(text) // 4) // 2))) + "\n"
+    ids = tok(text, add_special_tokens=False)["input_ids"][:target]
+    return str(tok.decode(ids))
+
+
+# -- decisions ---------------------------------------------------------------------------------------------------------
+
+
+async def bench_decisions(args: argparse.Namespace) -> None:
+    rng = random.Random(args.seed)
+    per_worker = args.blocks // args.workers
+    configs = workers(args.workers, per_worker, args.block_size)
+    settings = KVRoutingSettings.model_validate({"enabled": True, "seed": 0})
+    with tempfile.TemporaryDirectory() as scratch:
+        tok_dir = tokenizer_dir(args.model_dir, Path(scratch))
+        settings = settings.model_copy(update={"tokenizer": settings.tokenizer.model_copy(update={"model_dirs": {"m": str(tok_dir)}})})
+        router = KVRouter(settings)
+        router.sync(WorkerPool.of(configs))  # event subscribers are created, not started: no sockets connect
+        docs = [[rng.randrange(VOCAB) for _ in range(8192 + 512)] for _ in range(64)]
+        before = rss_mb()
+        started = time.perf_counter()
+        fill(router.index, configs, docs, per_worker, args.block_size, rng)
+        stats = router.index.stats()
+        print(f"index: {stats.workers} workers, {stats.held_blocks:,} blocks held ({stats.distinct_blocks:,} distinct), "
+              f"filled in {time.perf_counter() - started:.1f} s, +{rss_mb() - before:.0f} MB RSS")
+        for w in configs[::3]:  # some load, so that the load terms are not all zero
+            router.inflight.start(f"r-{w.worker_id}", w.worker_id)
+            router.tokens.start(f"r-{w.worker_id}", w.worker_id, prefill_tokens=rng.randrange(0, 4096), decode_blocks=rng.randrange(0, 500))
+        prefill = [w for w in configs if w.role is WorkerRole.PREFILL]
+        decode = [w for w in configs if w.role is WorkerRole.DECODE]
+        gc.collect()
+        print(f"\ndecision latency, {args.workers} workers ({len(prefill)} prefill, {len(decode)} decode), block size {args.block_size}")
+        for size in (1024, 8192):
+            prompts = [d[: size - 7] + [rng.randrange(VOCAB) for _ in range(7)] for d in docs]
+            n = args.iterations if size == 1024 else max(200, args.iterations // 4)
+            pick = iter(range(10**9))
+
+            def one_prompt() -> list[int]:
+                return prompts[next(pick) % len(prompts)]
+
+            hashes = [chain_hashes(p, args.block_size) for p in prompts]
+            t_hash = timed(lambda: chain_hashes(one_prompt(), args.block_size), n)
+            t_lookup = timed(lambda: router.index.overlap(hashes[next(pick) % len(hashes)]), n)
+
+            def decide() -> None:
+                blocks = PromptBlocks(one_prompt())
+                router.select_prefill(blocks, prefill)
+                router.select_decode(blocks, decode)
+
+            t_decision = timed(decide, n)
+            blocks = PromptBlocks(prompts[0])
+            sample = router.select_prefill(blocks, prefill)
+            print(f"  {size:>5} tokens  hash      {percentiles(t_hash)}")
+            print(f"  {size:>5} tokens  lookup    {percentiles(t_lookup)}   (best overlap {max(b.cached_tokens for b in sample.breakdown.values())} tokens)")
+            print(f"  {size:>5} tokens  decision  {percentiles(t_decision)}   (hash + 2 lookups + scoring both pools)")
+
+            text = text_of_tokens(tok_dir, size - 16, rng)
+            requests = [DisaggRequest(endpoint=Endpoint.CHAT, fields={"messages": [{"role": "user", "content": f"{i} {text}"}]},
+                                      request_id=f"r{i}") for i in range(8)]
+            await router.prompt(requests[0], "m")  # load the tokenizer
+            t_tok, t_all = [], []
+            for i in range(max(50, n // 10)):
+                start = time.perf_counter()
+                prompt = await router.prompt(requests[i % len(requests)], "m")
+                mid = time.perf_counter()
+                router.select_prefill(prompt, prefill)
+                router.select_decode(prompt, decode)
+                end = time.perf_counter()
+                t_tok.append(mid - start)
+                t_all.append(end - start)
+            got = (await router.prompt(requests[0], "m"))
+            print(f"  {size:>5} tokens  tokenize  {percentiles(t_tok)}   ({got.num_tokens if got else 0} tokens, {tok_dir.name}, in a thread)")
+            print(f"  {size:>5} tokens  decision+tokenize {percentiles(t_all)}")
+        await router.stop()
+
+
+# -- ingestion ---------------------------------------------------------------------------------------------------------
+
+
+def synthetic_stream(n_workers: int, block_size: int, blocks_per_worker: int, rng: random.Random,
+                     first_seq: int = 0) -> dict[str, list[list[bytes]]]:
+    """Per worker, vLLM-encoded messages: requests of 64 blocks stored in chained 16-block events (prefill chunks),
+    and evictions of the oldest blocks once the cache is full (BlockRemoved, 8 blocks per event)."""
+    out: dict[str, list[list[bytes]]] = {}
+    for w in range(n_workers):
+        messages: list[list[bytes]] = []
+        cached: list[int] = []
+        stored = 0
+        seq = first_seq
+        salt = rng.getrandbits(60)
+        while stored < blocks_per_worker:
+            tokens = [rng.randrange(VOCAB) for _ in range(64 * block_size)]
+            engine = [hash((salt, stored + i)) & (2**64 - 1) for i in range(64)]
+            events = []
+            for chunk in range(4):
+                lo, hi = chunk * 16, (chunk + 1) * 16
+                events.append({"type": "BlockStored", "block_hashes": engine[lo:hi],
+                               "parent_block_hash": engine[lo - 1] if lo else None,
+                               "token_ids": tokens[lo * block_size : hi * block_size], "block_size": block_size,
+                               "lora_id": None, "medium": "GPU", "lora_name": None, "group_idx": 0})
+            cached += engine
+            stored += 64
+            while len(cached) > blocks_per_worker // 2:
+                gone, cached = cached[:8], cached[8:]
+                events.append({"type": "BlockRemoved", "block_hashes": gone, "medium": "GPU", "group_idx": 0})
+            for event in events:  # one event per batch, as a busy engine step often sends
+                messages.append([b"kv", seq.to_bytes(8, "big"), msgpack.packb([time.time(), [event], 0])])
+                seq += 1
+        out[f"w{w:02d}"] = messages
+    return out
+
+
+def count_blocks(messages: list[list[bytes]]) -> int:
+    return sum(len(e.get("block_hashes", ())) for m in messages for e in msgpack.unpackb(m[2])[1])
+
+
+async def bench_ingestion(args: argparse.Namespace) -> None:
+    rng = random.Random(args.seed + 1)
+    per_worker = max(1024, args.ingest_blocks // args.workers)
+    stream = synthetic_stream(args.workers, args.block_size, per_worker, rng)
+    total_blocks = sum(count_blocks(m) for m in stream.values())
+    total_messages = sum(len(m) for m in stream.values())
+    print(f"\nKV event ingestion: {total_messages:,} batches, {total_blocks:,} block events over {args.workers} workers")
+
+    def fresh() -> tuple[PrefixIndex, dict[str, EventApplier]]:
+        index = PrefixIndex()
+        appliers = {}
+        for wid in stream:
+            index.add_worker(wid, capacity_blocks=per_worker)
+            appliers[wid] = EventApplier(wid, index, block_size=args.block_size, capacity_blocks=per_worker)
+        return index, appliers
+
+    def rate(label: str, run: Callable[[], None]) -> None:
+        """Best and median of ``args.repeats`` runs (other processes on the machine only ever slow a run down)."""
+        times = []
+        for _ in range(args.repeats):
+            gc.collect()
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        best, median = min(times), statistics.median(times)
+        print(f"  {label:<46} best {total_blocks / best / 1e6:5.2f}  median {total_blocks / median / 1e6:5.2f}  M block events/s")
+
+    def decode_and_apply() -> None:
+        _, appliers = fresh()
+        for wid, messages in stream.items():
+            applier = appliers[wid]
+            for frames in messages:
+                applier.apply(decode_message(frames))
+        assert sum(a.stats.skipped_blocks for a in appliers.values()) == 0
+
+    decoded = {wid: [decode_message(f) for f in messages] for wid, messages in stream.items()}
+
+    def apply() -> None:
+        _, appliers = fresh()
+        for wid, batches in decoded.items():
+            applier = appliers[wid]
+            for batch in batches:
+                applier.apply(batch)
+
+    # index only: the same operations on ready hashes
+    plan: list[tuple[str, bool, list[int]]] = []
+    for wid, batches in decoded.items():
+        ours: dict[int | bytes, int] = {}
+        for batch in batches:
+            for event in batch.events:
+                if isinstance(event, BlockStored):
+                    parent = ROOT if event.parent_block_hash is None else ours[event.parent_block_hash]
+                    hs = chain_hashes(event.token_ids, args.block_size, parent)
+                    ours.update(zip(event.block_hashes, hs, strict=True))
+                    plan.append((wid, True, hs))
+                elif isinstance(event, BlockRemoved):
+                    plan.append((wid, False, [ours.pop(h) for h in event.block_hashes]))
+
+    def index_only() -> None:
+        index, _ = fresh()
+        for wid, is_store, hs in plan:
+            if is_store:
+                index.stored(wid, hs)
+            else:
+                index.removed(wid, hs)
+
+    rate("decode+apply (msgpack, hash rebuild, index)", decode_and_apply)
+    rate("apply (hash rebuild, translation, index)", apply)
+    rate("index only (stored/removed, ready hashes)", index_only)
+    await bench_zmq(args, per_worker, total_blocks, total_messages)
+
+
+def _zmq_sender(n_workers: int, block_size: int, per_worker: int, seed: int, endpoints: Any, go: Any, done: Any) -> None:
+    """Child process: one PUB socket per worker; probes until ``go``, then the whole stream as fast as it can."""
+    import zmq
+
+    stream = synthetic_stream(n_workers, block_size, per_worker, random.Random(seed), first_seq=1)  # probes are 0
+    ctx = zmq.Context()
+    socks = {}
+    for wid in stream:
+        sock = ctx.socket(zmq.PUB)
+        sock.setsockopt(zmq.SNDHWM, 0)  # no drops: measure the subscriber, not the high-water mark
+        socks[wid] = sock
+        endpoints.put((wid, f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"))
+    probe = [b"kv", (0).to_bytes(8, "big"), msgpack.packb([0.0, [], 0])]
+    while not go.wait(0.01):
+        for sock in socks.values():
+            sock.send_multipart(probe)
+    started = time.perf_counter()
+    for wid, messages in stream.items():
+        for frames in messages:
+            socks[wid].send_multipart(frames)
+    if os.environ.get("BENCH_DEBUG"):
+        print(f"   sender: {sum(len(m) for m in stream.values())} batches sent in {time.perf_counter() - started:.2f} s", flush=True)
+    done.wait(180)  # keep the sockets open until everything arrived
+    ctx.destroy(linger=0)
+
+
+async def bench_zmq(args: argparse.Namespace, per_worker: int, total_blocks: int, total_messages: int) -> None:
+    """The same stream through real ZMQ: PUB sockets in another process, the router's subscribers in this one."""
+    import multiprocessing
+
+    import zmq.asyncio
+
+    from litellm_disagg.routing.kv.event_subscriber import KVEventSubscriber
+
+    mp = multiprocessing.get_context("spawn")
+    endpoints, go, done = mp.Queue(), mp.Event(), mp.Event()
+    child = mp.Process(target=_zmq_sender, args=(args.workers, args.block_size, per_worker, args.seed + 1, endpoints, go, done))
+    child.start()
+    ctx = zmq.asyncio.Context()
+    index = PrefixIndex()
+    subs = {}
+    for _ in range(args.workers):
+        wid, endpoint = await asyncio.to_thread(endpoints.get, True, 120)
+        index.add_worker(wid, capacity_blocks=per_worker)
+        applier = EventApplier(wid, index, block_size=args.block_size, capacity_blocks=per_worker)
+        subs[wid] = KVEventSubscriber(endpoint, applier, context=ctx, rcvhwm=0)
+        subs[wid].start()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while any(s.messages == 0 for s in subs.values()) and loop.time() < deadline:
+        await asyncio.sleep(0.01)
+    # Probes carry sequence number 0 (late ones are duplicates to the applier); the stream starts at 1.
+    base = sum(s.applier.stats.batches for s in subs.values())
+    go.set()
+    start = time.perf_counter()
+
+    def applied() -> int:
+        return sum(s.applier.stats.batches for s in subs.values()) - base
+
+    last_report = start
+    while applied() < total_messages and time.perf_counter() - start < 120:
+        await asyncio.sleep(0.002)
+        if os.environ.get("BENCH_DEBUG") and time.perf_counter() - last_report > 1:
+            last_report = time.perf_counter()
+            print("   ...", applied(), flush=True)
+    elapsed = time.perf_counter() - start
+    got = applied()
+    gaps = sum(s.applier.stats.gaps for s in subs.values())
+    print(f"  over ZMQ (PUB in another process -> SUB, 127.0.0.1)  "
+          f"{total_blocks * got / total_messages / elapsed / 1e6:6.2f} M block events/s, {got / elapsed:,.0f} batches/s "
+          f"({got:,}/{total_messages:,} batches, {gaps} gaps)")
+    done.set()
+    for s in subs.values():
+        await s.stop()
+    ctx.destroy(linger=0)
+    child.join(10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--blocks", type=int, default=1_000_000, help="blocks indexed in all (decision benchmark)")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--iterations", type=int, default=2000)
+    parser.add_argument("--ingest-blocks", type=int, default=1_000_000, help="block events in the ingestion stream")
+    parser.add_argument("--model-dir", help="a model directory whose tokenizer and chat template to time")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="ingestion runs per figure (best and median printed)")
+    parser.add_argument("--skip-decisions", action="store_true")
+    parser.add_argument("--skip-ingestion", action="store_true")
+    args = parser.parse_args()
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    if not args.skip_decisions:
+        asyncio.run(bench_decisions(args))
+    if not args.skip_ingestion:
+        asyncio.run(bench_ingestion(args))
+
+
+if __name__ == "__main__":
+    main()
