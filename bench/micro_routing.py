@@ -6,8 +6,9 @@ What it measures (p50 / p99 over many decisions, one process, no network):
 
 - ``hash``: chained block hashes of the prompt's token ids;
 - ``lookup``: one prefix-index query (``PrefixIndex.overlap``) over 64 workers holding 1M blocks in all;
-- ``decision``: hash + lookup + load snapshot + scoring + selection, for the prefill pool and the decode pool
-  (``KVRouter.select_prefill`` and ``select_decode``), tokenization excluded;
+- ``decision``: hash + one lookup + load snapshot + scoring + selection for the decode pool and the prefill pool
+  (``KVRouter.context`` over all 64 workers, then ``select_decode`` and ``select_prefill``), tokenization excluded;
+  ``prefill``: the same for the prefill pool alone;
 - ``tokenize``: the model's tokenizer and chat template, in a thread (``KVRouter.prompt``), and ``decision+tokenize``.
   With ``--model-dir`` that model's tokenizer; else the tiny test model if it is on disk, else a small BPE built here.
 
@@ -182,15 +183,21 @@ async def bench_decisions(args: argparse.Namespace) -> None:
 
             def decide() -> None:
                 blocks = PromptBlocks(one_prompt())
-                router.select_prefill(blocks, prefill)
-                router.select_decode(blocks, decode)
+                ctx = router.context(blocks, configs)  # one index query, loads of both pools
+                router.select_decode(blocks, decode, ctx=ctx)
+                router.select_prefill(blocks, prefill, ctx=ctx)
+
+            def decide_prefill_only() -> None:
+                router.select_prefill(PromptBlocks(one_prompt()), prefill)
 
             t_decision = timed(decide, n)
+            t_prefill = timed(decide_prefill_only, n)
             blocks = PromptBlocks(prompts[0])
             sample = router.select_prefill(blocks, prefill)
             print(f"  {size:>5} tokens  hash      {percentiles(t_hash)}")
             print(f"  {size:>5} tokens  lookup    {percentiles(t_lookup)}   (best overlap {max(b.cached_tokens for b in sample.breakdown.values())} tokens)")
-            print(f"  {size:>5} tokens  decision  {percentiles(t_decision)}   (hash + 2 lookups + scoring both pools)")
+            print(f"  {size:>5} tokens  decision  {percentiles(t_decision)}   (hash + lookup + scoring both pools, 64 workers)")
+            print(f"  {size:>5} tokens  prefill   {percentiles(t_prefill)}   (hash + lookup + scoring the prefill pool)")
 
             text = text_of_tokens(tok_dir, size - 16, rng)
             requests = [DisaggRequest(endpoint=Endpoint.CHAT, fields={"messages": [{"role": "user", "content": f"{i} {text}"}]},
@@ -201,8 +208,9 @@ async def bench_decisions(args: argparse.Namespace) -> None:
                 start = time.perf_counter()
                 prompt = await router.prompt(requests[i % len(requests)], "m")
                 mid = time.perf_counter()
-                router.select_prefill(prompt, prefill)
-                router.select_decode(prompt, decode)
+                ctx = router.context(prompt, configs)
+                router.select_decode(prompt, decode, ctx=ctx)
+                router.select_prefill(prompt, prefill, ctx=ctx)
                 end = time.perf_counter()
                 t_tok.append(mid - start)
                 t_all.append(end - start)

@@ -51,6 +51,8 @@ class Outcome:
     detail: str = ""
     ttft_s: float | None = None
     latency_s: float = 0.0
+    finished_at_s: float = 0.0
+    """When it ended, in seconds since the load started."""
 
 
 @dataclass
@@ -178,6 +180,7 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
                     outcome.detail = str(exc)[:300]
                 finally:
                     outcome.latency_s = time.monotonic() - t0
+                    outcome.finished_at_s = time.monotonic() - start
                     outcome.ends += 1
 
         async def chaos() -> None:
