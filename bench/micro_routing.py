@@ -84,23 +84,39 @@ def workers(n: int, capacity: int, block_size: int) -> list[RuntimeConfig]:
     out = []
     for i in range(n):
         role = WorkerRole.PREFILL if i < n // 2 else WorkerRole.DECODE
-        out.append(RuntimeConfig(
-            worker_id=f"w{i:02d}", model="m", role=role, base_url=f"http://127.0.0.1:{20000 + i}/v1",
-            nixl_host="127.0.0.1", nixl_port=5600, kv_capacity_blocks=capacity, block_size=block_size,
-            kv_events_endpoint=f"tcp://127.0.0.1:{30000 + i}", state=WorkerState.READY,
-        ))
+        out.append(
+            RuntimeConfig(
+                worker_id=f"w{i:02d}",
+                model="m",
+                role=role,
+                base_url=f"http://127.0.0.1:{20000 + i}/v1",
+                nixl_host="127.0.0.1",
+                nixl_port=5600,
+                kv_capacity_blocks=capacity,
+                block_size=block_size,
+                kv_events_endpoint=f"tcp://127.0.0.1:{30000 + i}",
+                state=WorkerState.READY,
+            )
+        )
     return out
 
 
-def fill(index: PrefixIndex, configs: list[RuntimeConfig], docs: list[list[int]], per_worker: int, block_size: int,
-         rng: random.Random) -> None:
+def fill(
+    index: PrefixIndex,
+    configs: list[RuntimeConfig],
+    docs: list[list[int]],
+    per_worker: int,
+    block_size: int,
+    rng: random.Random,
+) -> None:
     """Each worker holds a few shared documents' prefixes (what prompts will hit) and unique blocks to capacity."""
     doc_hashes = [chain_hashes(d, block_size) for d in docs]
     for w in configs:
         for d in rng.sample(range(len(docs)), min(8, len(docs))):
             index.stored(w.worker_id, doc_hashes[d][: rng.randrange(len(doc_hashes[d]) // 8, len(doc_hashes[d]))])
-        while index.blocks(w.worker_id) < per_worker:
-            index.stored(w.worker_id, chain_hashes([rng.randrange(VOCAB) for _ in range(block_size * 256)], block_size))
+        while (missing := per_worker - index.blocks(w.worker_id)) > 0:
+            tokens = [rng.randrange(VOCAB) for _ in range(block_size * min(256, missing))]
+            index.stored(w.worker_id, chain_hashes(tokens, block_size))
 
 
 # -- tokenizer ---------------------------------------------------------------------------------------------------------
@@ -111,20 +127,28 @@ def tokenizer_dir(arg: str | None, scratch: Path) -> Path:
         return Path(arg)
     if (TINY_MODEL / "tokenizer.json").is_file():
         return TINY_MODEL
+    import sysconfig
+
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    import sysconfig
 
     texts = [p.read_text(errors="ignore") for p in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:80]]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainer=trainers.BpeTrainer(vocab_size=4096, special_tokens=["<|im_start|>", "<|im_end|>"],
-                                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        texts,
+        trainer=trainers.BpeTrainer(
+            vocab_size=4096,
+            special_tokens=["<|im_start|>", "<|im_end|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>")
-    fast.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    fast.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     out = scratch / "bpe"
     fast.save_pretrained(out)
     return out
@@ -152,7 +176,9 @@ async def bench_decisions(args: argparse.Namespace) -> None:
     settings = KVRoutingSettings.model_validate({"enabled": True, "seed": 0})
     with tempfile.TemporaryDirectory() as scratch:
         tok_dir = tokenizer_dir(args.model_dir, Path(scratch))
-        settings = settings.model_copy(update={"tokenizer": settings.tokenizer.model_copy(update={"model_dirs": {"m": str(tok_dir)}})})
+        settings = settings.model_copy(
+            update={"tokenizer": settings.tokenizer.model_copy(update={"model_dirs": {"m": str(tok_dir)}})}
+        )
         router = KVRouter(settings)
         router.sync(WorkerPool.of(configs))  # event subscribers are created, not started: no sockets connect
         docs = [[rng.randrange(VOCAB) for _ in range(8192 + 512)] for _ in range(64)]
@@ -160,71 +186,99 @@ async def bench_decisions(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         fill(router.index, configs, docs, per_worker, args.block_size, rng)
         stats = router.index.stats()
-        print(f"index: {stats.workers} workers, {stats.held_blocks:,} blocks held ({stats.distinct_blocks:,} distinct), "
-              f"filled in {time.perf_counter() - started:.1f} s, +{rss_mb() - before:.0f} MB RSS")
+        print(
+            f"index: {stats.workers} workers, {stats.held_blocks:,} blocks held ({stats.distinct_blocks:,} distinct), "
+            f"filled in {time.perf_counter() - started:.1f} s, +{rss_mb() - before:.0f} MB RSS"
+        )
         for w in configs[::3]:  # some load, so that the load terms are not all zero
             router.inflight.start(f"r-{w.worker_id}", w.worker_id)
-            router.tokens.start(f"r-{w.worker_id}", w.worker_id, prefill_tokens=rng.randrange(0, 4096), decode_blocks=rng.randrange(0, 500))
-        prefill = [w for w in configs if w.role is WorkerRole.PREFILL]
-        decode = [w for w in configs if w.role is WorkerRole.DECODE]
+            router.tokens.start(
+                f"r-{w.worker_id}",
+                w.worker_id,
+                prefill_tokens=rng.randrange(0, 4096),
+                decode_blocks=rng.randrange(0, 500),
+            )
         gc.collect()
-        print(f"\ndecision latency, {args.workers} workers ({len(prefill)} prefill, {len(decode)} decode), block size {args.block_size}")
+        print(f"\ndecision latency, {args.workers} workers, block size {args.block_size}")
         for size in (1024, 8192):
-            prompts = [d[: size - 7] + [rng.randrange(VOCAB) for _ in range(7)] for d in docs]
             n = args.iterations if size == 1024 else max(200, args.iterations // 4)
-            pick = iter(range(10**9))
-
-            def one_prompt() -> list[int]:
-                return prompts[next(pick) % len(prompts)]
-
-            hashes = [chain_hashes(p, args.block_size) for p in prompts]
-            t_hash = timed(lambda: chain_hashes(one_prompt(), args.block_size), n)
-            t_lookup = timed(lambda: router.index.overlap(hashes[next(pick) % len(hashes)]), n)
-
-            def decide() -> None:
-                blocks = PromptBlocks(one_prompt())
-                ctx = router.context(blocks, configs)  # one index query, loads of both pools
-                router.select_decode(blocks, decode, ctx=ctx)
-                router.select_prefill(blocks, prefill, ctx=ctx)
-
-            def decide_prefill_only() -> None:
-                router.select_prefill(PromptBlocks(one_prompt()), prefill)
-
-            t_decision = timed(decide, n)
-            t_prefill = timed(decide_prefill_only, n)
-            blocks = PromptBlocks(prompts[0])
-            sample = router.select_prefill(blocks, prefill)
-            print(f"  {size:>5} tokens  hash      {percentiles(t_hash)}")
-            print(f"  {size:>5} tokens  lookup    {percentiles(t_lookup)}   (best overlap {max(b.cached_tokens for b in sample.breakdown.values())} tokens)")
-            print(f"  {size:>5} tokens  decision  {percentiles(t_decision)}   (hash + lookup + scoring both pools, 64 workers)")
-            print(f"  {size:>5} tokens  prefill   {percentiles(t_prefill)}   (hash + lookup + scoring the prefill pool)")
-
-            text = text_of_tokens(tok_dir, size - 16, rng)
-            requests = [DisaggRequest(endpoint=Endpoint.CHAT, fields={"messages": [{"role": "user", "content": f"{i} {text}"}]},
-                                      request_id=f"r{i}") for i in range(8)]
-            await router.prompt(requests[0], "m")  # load the tokenizer
-            t_tok, t_all = [], []
-            for i in range(max(50, n // 10)):
-                start = time.perf_counter()
-                prompt = await router.prompt(requests[i % len(requests)], "m")
-                mid = time.perf_counter()
-                ctx = router.context(prompt, configs)
-                router.select_decode(prompt, decode, ctx=ctx)
-                router.select_prefill(prompt, prefill, ctx=ctx)
-                end = time.perf_counter()
-                t_tok.append(mid - start)
-                t_all.append(end - start)
-            got = (await router.prompt(requests[0], "m"))
-            print(f"  {size:>5} tokens  tokenize  {percentiles(t_tok)}   ({got.num_tokens if got else 0} tokens, {tok_dir.name}, in a thread)")
-            print(f"  {size:>5} tokens  decision+tokenize {percentiles(t_all)}")
+            prompts = [d[: size - 7] + [rng.randrange(VOCAB) for _ in range(7)] for d in docs]
+            decisions(router, configs, prompts, args.block_size, n)
+            await tokenized_decisions(router, configs, tok_dir, size, max(50, n // 10), rng)
         await router.stop()
+
+
+def decisions(
+    router: KVRouter, configs: list[RuntimeConfig], prompts: list[list[int]], block_size: int, n: int
+) -> None:
+    """Hash, lookup, and whole decisions (tokens given), ``n`` times each over the prompts in turn."""
+    prefill = [w for w in configs if w.role is WorkerRole.PREFILL]
+    decode = [w for w in configs if w.role is WorkerRole.DECODE]
+    turn = iter(range(10**9))
+    hashes = [chain_hashes(p, block_size) for p in prompts]
+
+    def one_prompt() -> list[int]:
+        return prompts[next(turn) % len(prompts)]
+
+    def decide() -> None:
+        blocks = PromptBlocks(one_prompt())
+        ctx = router.context(blocks, configs)  # one index query and the loads of both pools
+        router.select_decode(blocks, decode, ctx=ctx)
+        router.select_prefill(blocks, prefill, ctx=ctx)
+
+    t_hash = timed(lambda: chain_hashes(one_prompt(), block_size), n)
+    t_lookup = timed(lambda: router.index.overlap(hashes[next(turn) % len(hashes)]), n)
+    t_decision = timed(decide, n)
+    t_prefill = timed(lambda: router.select_prefill(PromptBlocks(one_prompt()), prefill), n)
+    sample = router.select_prefill(PromptBlocks(prompts[0]), prefill)
+    best = max(b.cached_tokens for b in sample.breakdown.values())
+    size = len(prompts[0])
+    print(f"  {size:>5} tokens  hash      {percentiles(t_hash)}")
+    print(f"  {size:>5} tokens  lookup    {percentiles(t_lookup)}   (best overlap {best} tokens)")
+    print(f"  {size:>5} tokens  decision  {percentiles(t_decision)}   (hash + lookup + scoring both pools)")
+    print(f"  {size:>5} tokens  prefill   {percentiles(t_prefill)}   (hash + lookup + scoring the prefill pool)")
+
+
+async def tokenized_decisions(
+    router: KVRouter, configs: list[RuntimeConfig], tok_dir: Path, size: int, n: int, rng: random.Random
+) -> None:
+    """Chat requests of about ``size`` tokens: tokenization alone, and tokenization plus the decision."""
+    prefill = [w for w in configs if w.role is WorkerRole.PREFILL]
+    decode = [w for w in configs if w.role is WorkerRole.DECODE]
+    text = text_of_tokens(tok_dir, size - 16, rng)
+    requests = [
+        DisaggRequest(
+            endpoint=Endpoint.CHAT,
+            fields={"messages": [{"role": "user", "content": f"{i} {text}"}]},
+            request_id=f"r{i}",
+        )
+        for i in range(8)
+    ]
+    await router.prompt(requests[0], "m")  # load the tokenizer
+    t_tok, t_all = [], []
+    for i in range(n):
+        start = time.perf_counter()
+        prompt = await router.prompt(requests[i % len(requests)], "m")
+        mid = time.perf_counter()
+        ctx = router.context(prompt, configs)
+        router.select_decode(prompt, decode, ctx=ctx)
+        router.select_prefill(prompt, prefill, ctx=ctx)
+        t_tok.append(mid - start)
+        t_all.append(time.perf_counter() - start)
+    got = await router.prompt(requests[0], "m")
+    tokens = got.num_tokens if got else 0
+    print(
+        f"  {size:>5} tokens  tokenize  {percentiles(t_tok)}   ({tokens} tokens, {tok_dir.name} tokenizer, in a thread)"
+    )
+    print(f"  {size:>5} tokens  decision+tokenize  {percentiles(t_all)}")
 
 
 # -- ingestion ---------------------------------------------------------------------------------------------------------
 
 
-def synthetic_stream(n_workers: int, block_size: int, blocks_per_worker: int, rng: random.Random,
-                     first_seq: int = 0) -> dict[str, list[list[bytes]]]:
+def synthetic_stream(
+    n_workers: int, block_size: int, blocks_per_worker: int, rng: random.Random, first_seq: int = 0
+) -> dict[str, list[list[bytes]]]:
     """Per worker, vLLM-encoded messages: requests of 64 blocks stored in chained 16-block events (prefill chunks),
     and evictions of the oldest blocks once the cache is full (BlockRemoved, 8 blocks per event)."""
     out: dict[str, list[list[bytes]]] = {}
@@ -240,10 +294,19 @@ def synthetic_stream(n_workers: int, block_size: int, blocks_per_worker: int, rn
             events = []
             for chunk in range(4):
                 lo, hi = chunk * 16, (chunk + 1) * 16
-                events.append({"type": "BlockStored", "block_hashes": engine[lo:hi],
-                               "parent_block_hash": engine[lo - 1] if lo else None,
-                               "token_ids": tokens[lo * block_size : hi * block_size], "block_size": block_size,
-                               "lora_id": None, "medium": "GPU", "lora_name": None, "group_idx": 0})
+                events.append(
+                    {
+                        "type": "BlockStored",
+                        "block_hashes": engine[lo:hi],
+                        "parent_block_hash": engine[lo - 1] if lo else None,
+                        "token_ids": tokens[lo * block_size : hi * block_size],
+                        "block_size": block_size,
+                        "lora_id": None,
+                        "medium": "GPU",
+                        "lora_name": None,
+                        "group_idx": 0,
+                    }
+                )
             cached += engine
             stored += 64
             while len(cached) > blocks_per_worker // 2:
@@ -266,7 +329,9 @@ async def bench_ingestion(args: argparse.Namespace) -> None:
     stream = synthetic_stream(args.workers, args.block_size, per_worker, rng)
     total_blocks = sum(count_blocks(m) for m in stream.values())
     total_messages = sum(len(m) for m in stream.values())
-    print(f"\nKV event ingestion: {total_messages:,} batches, {total_blocks:,} block events over {args.workers} workers")
+    print(
+        f"\nKV event ingestion: {total_messages:,} batches, {total_blocks:,} block events over {args.workers} workers"
+    )
 
     def fresh() -> tuple[PrefixIndex, dict[str, EventApplier]]:
         index = PrefixIndex()
@@ -285,7 +350,8 @@ async def bench_ingestion(args: argparse.Namespace) -> None:
             run()
             times.append(time.perf_counter() - start)
         best, median = min(times), statistics.median(times)
-        print(f"  {label:<46} best {total_blocks / best / 1e6:5.2f}  median {total_blocks / median / 1e6:5.2f}  M block events/s")
+        best_rate, median_rate = total_blocks / best / 1e6, total_blocks / median / 1e6
+        print(f"  {label:<46} best {best_rate:5.2f}  median {median_rate:5.2f}  M block events/s")
 
     def decode_and_apply() -> None:
         _, appliers = fresh()
@@ -332,7 +398,9 @@ async def bench_ingestion(args: argparse.Namespace) -> None:
     await bench_zmq(args, per_worker, total_blocks, total_messages)
 
 
-def _zmq_sender(n_workers: int, block_size: int, per_worker: int, seed: int, endpoints: Any, go: Any, done: Any) -> None:
+def _zmq_sender(
+    n_workers: int, block_size: int, per_worker: int, seed: int, endpoints: Any, go: Any, done: Any
+) -> None:
     """Child process: one PUB socket per worker; probes until ``go``, then the whole stream as fast as it can."""
     import zmq
 
@@ -353,7 +421,10 @@ def _zmq_sender(n_workers: int, block_size: int, per_worker: int, seed: int, end
         for frames in messages:
             socks[wid].send_multipart(frames)
     if os.environ.get("BENCH_DEBUG"):
-        print(f"   sender: {sum(len(m) for m in stream.values())} batches sent in {time.perf_counter() - started:.2f} s", flush=True)
+        print(
+            f"   sender: {sum(len(m) for m in stream.values())} batches sent in {time.perf_counter() - started:.2f} s",
+            flush=True,
+        )
     done.wait(180)  # keep the sockets open until everything arrived
     ctx.destroy(linger=0)
 
@@ -368,7 +439,9 @@ async def bench_zmq(args: argparse.Namespace, per_worker: int, total_blocks: int
 
     mp = multiprocessing.get_context("spawn")
     endpoints, go, done = mp.Queue(), mp.Event(), mp.Event()
-    child = mp.Process(target=_zmq_sender, args=(args.workers, args.block_size, per_worker, args.seed + 1, endpoints, go, done))
+    child = mp.Process(
+        target=_zmq_sender, args=(args.workers, args.block_size, per_worker, args.seed + 1, endpoints, go, done)
+    )
     child.start()
     ctx = zmq.asyncio.Context()
     index = PrefixIndex()
@@ -381,7 +454,7 @@ async def bench_zmq(args: argparse.Namespace, per_worker: int, total_blocks: int
         subs[wid].start()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 30
-    while any(s.messages == 0 for s in subs.values()) and loop.time() < deadline:
+    while any(s.messages == 0 for s in subs.values()) and loop.time() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.01)
     # Probes carry sequence number 0 (late ones are duplicates to the applier); the stream starts at 1.
     base = sum(s.applier.stats.batches for s in subs.values())
@@ -400,9 +473,11 @@ async def bench_zmq(args: argparse.Namespace, per_worker: int, total_blocks: int
     elapsed = time.perf_counter() - start
     got = applied()
     gaps = sum(s.applier.stats.gaps for s in subs.values())
-    print(f"  over ZMQ (PUB in another process -> SUB, 127.0.0.1)  "
-          f"{total_blocks * got / total_messages / elapsed / 1e6:6.2f} M block events/s, {got / elapsed:,.0f} batches/s "
-          f"({got:,}/{total_messages:,} batches, {gaps} gaps)")
+    print(
+        f"  over ZMQ (PUB in another process -> SUB, 127.0.0.1)  "
+        f"{total_blocks * got / total_messages / elapsed / 1e6:6.2f} M block events/s, {got / elapsed:,.0f} batches/s "
+        f"({got:,}/{total_messages:,} batches, {gaps} gaps)"
+    )
     done.set()
     for s in subs.values():
         await s.stop()

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, SecretStr, Tag, model_validator
 
+from litellm_disagg.routing.kv.settings import KVRoutingSettings
+
 ENV_REGISTRY_DIR = "LITELLM_DISAGG_REGISTRY_DIR"
 
 
@@ -146,6 +148,8 @@ class DisaggSettings(BaseModel):
     """Prefill workers tried per request before decoding locally (aggregated)."""
     aggregated_fallback: bool = True
     """With no prefill worker (or all failing), let the decode worker compute the prompt itself instead of failing."""
+    kv_routing: KVRoutingSettings = Field(default_factory=KVRoutingSettings)
+    """KV-aware selection and conditional disaggregation (see litellm_disagg/routing/kv/README.md); off by default."""
     failure_cooldown_s: Annotated[float, Field(ge=0)] = 5.0
     """A worker whose call just failed (unreachable, 5xx, timeout) gets no new work for this long, unless it is the
     only one. Bridges the gap between a crash and discovery noticing it."""

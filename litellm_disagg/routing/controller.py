@@ -16,6 +16,7 @@ import logging
 from typing import Any
 
 from litellm_disagg.routing import deployments
+from litellm_disagg.routing.kv.router import KVRouter
 from litellm_disagg.routing.load import FailureCooldown, InflightTracker
 from litellm_disagg.routing.orchestrator import Orchestrator
 from litellm_disagg.routing.picker import make_picker
@@ -47,6 +48,7 @@ class DisaggController:
             aggregated_fallback=settings.aggregated_fallback,
             cooldown=self.cooldown,
         )
+        self.kv = KVRouter(settings.kv_routing, inflight=self.load) if settings.kv_routing.enabled else None
         self.strategy = DisaggRoutingStrategy(
             router=router,
             pool=lambda: self.pool,
@@ -54,11 +56,14 @@ class DisaggController:
             orchestrator=self.orchestrator,
             load=self.load,
             cooldown=self.cooldown,
+            kv=self.kv,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.pool_changed = asyncio.Event()
 
     async def start(self) -> None:
+        if self.kv is not None:
+            await self.kv.start()
         self.keep_installed()
         self._tasks = [asyncio.create_task(self._watch(), name="litellm-disagg-watch"),
                        asyncio.create_task(self._keep(), name="litellm-disagg-keeper")]
@@ -70,6 +75,8 @@ class DisaggController:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        if self.kv is not None:
+            await self.kv.stop()
         await self.registry.close()
         await self.prefill_client.aclose()
 
@@ -81,11 +88,15 @@ class DisaggController:
         """A decode call on ``worker_id`` (when known) ended: LiteLLM's success or failure event. A worker whose call
         failed for the worker's own reasons cools down."""
         ended_on = self.load.finish(DECODE_KEY_PREFIX + call_id, worker_id)
+        if self.kv is not None and ended_on is not None:
+            self.kv.tokens.finish(DECODE_KEY_PREFIX + call_id)
         if failed and (worker_id or ended_on):
             self.cooldown.failed(worker_id or ended_on or "")
 
     def apply(self, pool: WorkerPool) -> None:
         self.pool = pool
+        if self.kv is not None:
+            self.kv.sync(pool)
         deployments.reconcile(self.router, deployments.desired_deployments(pool, self.settings.model_group))
         self.pool_changed.set()
 

@@ -10,6 +10,8 @@ Failure policy:
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -45,6 +47,7 @@ class DecodePlan:
     prefill_worker_id: str | None = None
     transfer: KVTransferParams | None = None
     reason: str = ""
+    prefill_seconds: float | None = None
 
 
 class Orchestrator:
@@ -65,20 +68,40 @@ class Orchestrator:
         self.aggregated_fallback = aggregated_fallback
         self.cooldown = cooldown or FailureCooldown()
 
-    async def plan(self, pool: WorkerPool, request: DisaggRequest, decode: RuntimeConfig) -> DecodePlan:
+    async def plan(
+        self,
+        pool: WorkerPool,
+        request: DisaggRequest,
+        decode: RuntimeConfig,
+        *,
+        prefill_order: Sequence[RuntimeConfig] | None = None,
+        local_reason: str | None = None,
+    ) -> DecodePlan:
+        """``prefill_order``: prefill workers to try, best first (default: the picker's choice each attempt).
+        ``local_reason``: prefill locally by choice (conditional disaggregation decided so), not as a fallback."""
         if not request.splittable:
             return self._aggregated(decode, "request has several prompts or completions")
+        if local_reason is not None:
+            ROUTED.labels(decode.model, Mode.AGGREGATED.value).inc()
+            logger.debug("prefilling locally on %s: %s", decode.worker_id, local_reason)
+            return DecodePlan(Mode.AGGREGATED, decode, reason=local_reason)
+        ranked = list(prefill_order) if prefill_order is not None else None
         tried: list[str] = [decode.worker_id]  # a worker never prefills for itself: that is just aggregated serving
         reason = "no prefill worker available"
         for _ in range(self.max_attempts):
             candidates = self.cooldown.prefer_healthy(pool.prefill_candidates(decode.model, exclude=tried))
-            prefill = self.picker.pick(candidates, self.load)
+            if ranked is not None:
+                allowed = {c.worker_id for c in candidates}
+                prefill = next((w for w in ranked if w.worker_id in allowed), None)
+            else:
+                prefill = self.picker.pick(candidates, self.load)
             if prefill is None:
                 break
             tried.append(prefill.worker_id)
             body = build_prefill_body(request.endpoint, prefill.model, request.fields)
             key = f"{request.request_id}:prefill"
             self.load.start(key, prefill.worker_id)
+            started = time.monotonic()
             try:
                 transfer = await self.prefill_client.prefill(
                     worker_id=prefill.worker_id,
@@ -96,7 +119,8 @@ class Orchestrator:
             finally:
                 self.load.finish(key)
             ROUTED.labels(decode.model, Mode.DISAGGREGATED.value).inc()
-            return DecodePlan(Mode.DISAGGREGATED, decode, prefill.worker_id, transfer)
+            return DecodePlan(Mode.DISAGGREGATED, decode, prefill.worker_id, transfer,
+                              prefill_seconds=time.monotonic() - started)
         if not self.aggregated_fallback:
             raise NoPrefillAvailable(reason)
         return self._aggregated(decode, reason)

@@ -13,8 +13,10 @@ from typing import Any
 
 from litellm.types.router import CustomRoutingStrategyBase
 
+from litellm_disagg.routing import kv_choice
 from litellm_disagg.routing.deployments import worker_id_of
 from litellm_disagg.routing.errors import client_error, unavailable
+from litellm_disagg.routing.kv.router import KVRouter
 from litellm_disagg.routing.load import FailureCooldown, InflightTracker
 from litellm_disagg.routing.orchestrator import Mode, NoPrefillAvailable, Orchestrator
 from litellm_disagg.routing.picker import Picker
@@ -37,9 +39,11 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         orchestrator: Orchestrator,
         load: InflightTracker,
         cooldown: FailureCooldown,
+        kv: KVRouter | None = None,
     ):
         self._router = router
         self._cooldown = cooldown
+        self._kv = kv
         self._pool = pool
         self._picker = picker
         self._orchestrator = orchestrator
@@ -101,7 +105,10 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
             )
         pool = self._pool()
         candidates = [w for wid in ours if (w := pool.get(wid)) is not None and w.routable and w.role.can_decode]
-        decode = self._picker.pick(self._cooldown.prefer_healthy(candidates), self._load)
+        request = DisaggRequest.from_router_call(messages=messages, request_kwargs=request_kwargs)
+        candidates = self._cooldown.prefer_healthy(candidates)
+        choice = await kv_choice.choose(self._kv, pool, request, candidates) if self._kv is not None and candidates else None
+        decode = choice.decode if choice is not None else self._picker.pick(candidates, self._load)
         if decode is None:
             raise unavailable(f"no ready decode worker for model {model!r}", model)
 
@@ -111,18 +118,29 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         call_id = request_kwargs.setdefault("litellm_call_id", str(uuid.uuid4()))
         key = DECODE_KEY_PREFIX + call_id
         self._load.start(key, decode.worker_id)
-        request = DisaggRequest.from_router_call(messages=messages, request_kwargs=request_kwargs)
+        if choice is not None and self._kv is not None:
+            kv_choice.started(self._kv, choice, key)
+            if logger.isEnabledFor(logging.DEBUG):
+                logger.debug("request %s: %s", request.request_id, choice.explain())
         try:
-            plan = await self._orchestrator.plan(pool, request, decode)
+            plan = await self._orchestrator.plan(
+                pool,
+                request,
+                decode,
+                prefill_order=choice.prefill_order if choice is not None else None,
+                local_reason=choice.local_reason if choice is not None else None,
+            )
         except PrefillRejected as exc:
-            self._load.finish(key)
+            self._finish(key)
             raise client_error(exc, model) from exc
         except NoPrefillAvailable as exc:
-            self._load.finish(key)
+            self._finish(key)
             raise unavailable(f"no prefill worker could serve model {model!r}: {exc}", model) from exc
         except BaseException:
-            self._load.finish(key)
+            self._finish(key)
             raise
+        if choice is not None and self._kv is not None:
+            kv_choice.planned(self._kv, choice, plan)
 
         if plan.mode is Mode.DISAGGREGATED and plan.transfer is not None:
             request_kwargs["kv_transfer_params"] = plan.transfer.for_decode()
@@ -130,6 +148,11 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         headers["X-Request-Id"] = request.request_id
         request_kwargs["extra_headers"] = headers
         return ours[decode.worker_id]
+
+    def _finish(self, key: str) -> None:
+        self._load.finish(key)
+        if self._kv is not None:
+            self._kv.tokens.finish(key)
 
     def _own_deployments(self, model: str) -> list[dict[str, Any]]:
         model_list = self._router.get_model_list(model_name=model) or []

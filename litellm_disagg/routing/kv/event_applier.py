@@ -17,8 +17,8 @@ counted and ignored (a CPU-offload tier's removal must not unmark the GPU copy).
 
 Sequence numbers: the next batch must be ``last + 1``. A jump means batches were lost (a slow subscriber past the
 publisher's high-water mark, a reconnect): logged and counted, and then ``on_gap`` decides: ``keep`` (default) keeps
-the entries — the per-worker LRU bound mirrors the engine's own eviction, so entries whose removal was lost age out
-as the engine stores new blocks — while ``clear`` drops the worker's entries. A number that goes back means a new
+the entries — the per-worker LRU bound is the engine's capacity and follows roughly its eviction order, so entries
+whose removal was lost age out as the engine stores new blocks — while ``clear`` drops the worker's entries. A number that goes back means a new
 engine process (sequences restart at 0): everything about the worker is dropped. The first batch after start-up is
 accepted whatever its number (nothing to replay).
 """
@@ -106,8 +106,12 @@ class EventApplier:
             if seq == last:
                 return False  # a duplicate
             self.stats.restarts += 1
-            logger.warning("worker %s: KV event sequence went back (%d after %d): engine restarted, entries dropped",
-                           self.worker_id, seq, last)
+            logger.warning(
+                "worker %s: KV event sequence went back (%d after %d): engine restarted, entries dropped",
+                self.worker_id,
+                seq,
+                last,
+            )
             self._drop_all()
         elif last is not None and seq != last + 1:
             self._gap(f"batches {last + 1}..{seq - 1} lost")
@@ -120,8 +124,11 @@ class EventApplier:
             logger.warning("worker %s: KV events lost (%s): its prefix entries dropped", self.worker_id, what)
             self.index.cleared(self.worker_id)
         else:
-            logger.warning("worker %s: KV events lost (%s): its prefix entries may be stale until they age out",
-                           self.worker_id, what)
+            logger.warning(
+                "worker %s: KV events lost (%s): its prefix entries may be stale until they age out",
+                self.worker_id,
+                what,
+            )
 
     def _drop_all(self) -> None:
         self._ours.clear()
@@ -157,8 +164,7 @@ class EventApplier:
         tokens = event.token_ids if usable == count else event.token_ids[: usable * size]
         ours = chain_hashes(tokens, size, parent)
         translations = self._ours
-        for engine_hash, our_hash in zip(engine_hashes, ours, strict=False):
-            translations[engine_hash] = our_hash
+        translations.update(zip(engine_hashes, ours, strict=False))
         self.index.stored(self.worker_id, ours)
         self.stats.stored_blocks += usable
         self.stats.skipped_blocks += count - usable

@@ -7,8 +7,8 @@ the connection; whatever was published meanwhile is lost and shows up as a seque
 A router that starts after its engines simply begins with the next batch (vLLM keeps no history without a replay
 socket).
 
-One asyncio task per worker. It drains what the socket has (up to ``max_burst`` messages) before yielding to the
-event loop, so a busy stream costs one wake-up per burst, not one per message.
+One asyncio task per worker. After each message it waits for, it drains what the socket has (up to ``max_burst``
+messages) before yielding to the event loop, so a busy stream costs one wake-up per burst, not one per message.
 """
 
 from __future__ import annotations
@@ -70,6 +70,15 @@ class KVEventSubscriber:
     def worker_id(self) -> str:
         return self.applier.worker_id
 
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    def close(self) -> None:
+        """Close a subscriber that was never started (``stop`` for a started one)."""
+        if self._task is None:
+            self._socket.close(linger=0)
+
     def start(self) -> None:
         if self._task is None:
             self._socket.connect(self.endpoint)
@@ -84,13 +93,14 @@ class KVEventSubscriber:
         self._socket.close(linger=0)
 
     async def _run(self) -> None:
-        socket = self._socket
+        # The first message through the asyncio socket (it waits without blocking the loop), the rest of the burst
+        # through a plain shadow of the same ZMQ socket: a non-blocking receive there costs no future.
+        drain: zmq.Socket[bytes] = zmq.Socket.shadow(self._socket.underlying)
         while True:
-            frames = await socket.recv_multipart()
-            self._handle(frames)
+            self._handle(await self._socket.recv_multipart())
             for _ in range(self.max_burst - 1):
                 try:
-                    frames = await socket.recv_multipart(flags=zmq.NOBLOCK)
+                    frames = drain.recv_multipart(flags=zmq.NOBLOCK)
                 except zmq.Again:
                     break
                 self._handle(frames)

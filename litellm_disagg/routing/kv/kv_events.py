@@ -16,16 +16,16 @@ with default values omitted::
     {"type": "AllBlocksCleared"}
 
 Older vLLM releases encoded events array-like (``["BlockStored", block_hashes, parent_block_hash, token_ids,
-block_size, lora_id, medium, ...]``); both shapes are read. Block hashes are ints (``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``,
-the default) or bytes. A ``BlockStored`` carries only the blocks the engine newly cached; ``parent_block_hash`` is the
-engine's hash of the block before them (nil at the start of a sequence). Event types this module does not know are
-skipped; a payload that is not a batch raises ``MalformedBatch``.
+block_size, lora_id, medium, ...]``); both shapes are read. Block hashes are ints (the default,
+``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``) or bytes. A ``BlockStored`` carries only the blocks the engine newly
+cached; ``parent_block_hash`` is the engine's hash of the block before them (nil at the start of a sequence).
+Event types this module does not know are skipped; a payload that is not a batch raises ``MalformedBatch``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
@@ -37,8 +37,7 @@ class MalformedBatch(ValueError):
     """A payload that is not a vLLM KV event batch."""
 
 
-@dataclass(frozen=True, slots=True)
-class BlockStored:
+class BlockStored(NamedTuple):
     block_hashes: list[EngineHash]
     parent_block_hash: EngineHash | None
     token_ids: list[int]
@@ -51,19 +50,18 @@ class BlockStored:
     """Per block: None, or what else the engine hashed (multimodal inputs, cache salt, adapter)."""
 
 
-@dataclass(frozen=True, slots=True)
-class BlockRemoved:
+class BlockRemoved(NamedTuple):
     block_hashes: list[EngineHash]
     medium: str | None = None
     group_idx: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class AllBlocksCleared:
+class AllBlocksCleared(NamedTuple):
     pass
 
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+"""Events are named tuples (cheap to build: a busy engine sends tens of thousands a second)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +99,9 @@ def decode_payload(seq: int, payload: bytes) -> EventBatch:
         event = _event(item)
         if event is not None:
             events.append(event)
-    return EventBatch(seq=seq, ts=float(ts) if isinstance(ts, (int, float)) else 0.0, events=events, data_parallel_rank=rank)
+    return EventBatch(
+        seq=seq, ts=float(ts) if isinstance(ts, (int, float)) else 0.0, events=events, data_parallel_rank=rank
+    )
 
 
 def _event(item: Any) -> KVEvent | None:
@@ -110,7 +110,9 @@ def _event(item: Any) -> KVEvent | None:
         if kind == "BlockStored":
             return _stored(item)
         if kind == "BlockRemoved":
-            return BlockRemoved(_hashes(item.get("block_hashes")), _opt_str(item.get("medium")), _opt_int(item.get("group_idx")))
+            return BlockRemoved(
+                _hashes(item.get("block_hashes")), _opt_str(item.get("medium")), _opt_int(item.get("group_idx"))
+            )
         if kind == "AllBlocksCleared":
             return AllBlocksCleared()
         return None
@@ -120,29 +122,39 @@ def _event(item: Any) -> KVEvent | None:
 
 
 def _stored(item: dict[str, Any]) -> BlockStored:
-    token_ids = item.get("token_ids")
-    block_size = item.get("block_size")
-    if not isinstance(token_ids, list) or not isinstance(block_size, int):
-        raise MalformedBatch("BlockStored without token_ids or block_size")
-    lora = item.get("lora_name")
-    if lora is None and item.get("lora_id") is not None:
-        lora = str(item["lora_id"])
-    extra = item.get("extra_keys")
+    get = item.get
+    hashes, token_ids, block_size = get("block_hashes"), get("token_ids"), get("block_size")
+    if type(hashes) is not list or type(token_ids) is not list or type(block_size) is not int:
+        raise MalformedBatch("BlockStored without block_hashes, token_ids or block_size")
+    parent, medium, group, extra = get("parent_block_hash"), get("medium"), get("group_idx"), get("extra_keys")
+    lora = get("lora_name")
+    if lora is None:
+        lora_id = get("lora_id")
+        lora = None if lora_id is None else str(lora_id)
     return BlockStored(
-        block_hashes=_hashes(item.get("block_hashes")),
-        parent_block_hash=_opt_hash(item.get("parent_block_hash")),
-        token_ids=token_ids,
-        block_size=block_size,
-        medium=_opt_str(item.get("medium")),
-        lora_name=None if lora is None else str(lora),
-        group_idx=_opt_int(item.get("group_idx")),
-        extra_keys=extra if isinstance(extra, list) else None,
+        hashes,
+        parent if isinstance(parent, (int, bytes)) else None,
+        token_ids,
+        block_size,
+        medium if type(medium) is str else None,
+        None if lora is None else str(lora),
+        group if type(group) is int else None,
+        extra if type(extra) is list else None,
     )
 
 
 # Older vLLM: events are arrays, tag first, then the fields in declaration order.
-_STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name",
-                  "extra_keys", "group_idx")
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+)
 _REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
 
 
@@ -152,7 +164,9 @@ def _array_event(item: list[Any]) -> KVEvent | None:
         return _stored(dict(zip(_STORED_FIELDS, item[1:], strict=False)))
     if kind == "BlockRemoved":
         fields = dict(zip(_REMOVED_FIELDS, item[1:], strict=False))
-        return BlockRemoved(_hashes(fields.get("block_hashes")), _opt_str(fields.get("medium")), _opt_int(fields.get("group_idx")))
+        return BlockRemoved(
+            _hashes(fields.get("block_hashes")), _opt_str(fields.get("medium")), _opt_int(fields.get("group_idx"))
+        )
     if kind == "AllBlocksCleared":
         return AllBlocksCleared()
     return None

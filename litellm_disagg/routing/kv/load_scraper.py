@@ -42,6 +42,10 @@ class ScrapedLoad:
     """The last scrape failed (or none succeeded yet), or the values are older than ``stale_after_s``."""
 
 
+NOT_SCRAPED = ScrapedLoad()
+"""What a worker that was never scraped reads as: nothing known (stale)."""
+
+
 def parse_metrics(text: str) -> ScrapedLoad | None:
     """The wanted figures from a Prometheus text page; None if it has none of them."""
     sums: dict[str, float] = {}
@@ -112,15 +116,25 @@ class LoadScraper:
 
     def get(self, worker_id: str) -> ScrapedLoad:
         """The worker's last values (all zero and stale when never scraped)."""
-        found = self._last.get(worker_id)
-        if found is None:
-            return ScrapedLoad()
-        if not found.stale and self._clock() - found.scraped_at > self.stale_after_s:
-            return ScrapedLoad(found.waiting, found.running, found.kv_usage, found.scraped_at, stale=True)
-        return found
+        return self.lookup()(worker_id)
+
+    def lookup(self) -> Callable[[str], ScrapedLoad]:
+        """``get`` for many workers at one instant (reads the clock once)."""
+        now, last, limit = self._clock(), self._last, self.stale_after_s
+
+        def get(worker_id: str) -> ScrapedLoad:
+            found = last.get(worker_id)
+            if found is None:
+                return NOT_SCRAPED
+            if not found.stale and now - found.scraped_at > limit:
+                return ScrapedLoad(found.waiting, found.running, found.kv_usage, found.scraped_at, stale=True)
+            return found
+
+        return get
 
     def snapshot(self) -> dict[str, ScrapedLoad]:
-        return {worker_id: self.get(worker_id) for worker_id in self._targets}
+        get = self.lookup()
+        return {worker_id: get(worker_id) for worker_id in self._targets}
 
     # -- scraping -----------------------------------------------------------------------------------------------------
 
@@ -144,10 +158,14 @@ class LoadScraper:
                 logger.debug("load scrape of %s failed: %s", worker_id, exc)
             if worker_id in self._targets:
                 base = previous or ScrapedLoad()
-                self._last[worker_id] = ScrapedLoad(base.waiting, base.running, base.kv_usage, base.scraped_at, stale=True)
+                self._last[worker_id] = ScrapedLoad(
+                    base.waiting, base.running, base.kv_usage, base.scraped_at, stale=True
+                )
             return
         if worker_id in self._targets:  # not removed while the scrape was in flight
-            self._last[worker_id] = ScrapedLoad(parsed.waiting, parsed.running, parsed.kv_usage, self._clock(), stale=False)
+            self._last[worker_id] = ScrapedLoad(
+                parsed.waiting, parsed.running, parsed.kv_usage, self._clock(), stale=False
+            )
 
     def start(self) -> None:
         if self._task is None:

@@ -2,9 +2,11 @@
 
 Two layers, one query:
 
-- **held** blocks, per worker, in an LRU bounded by the worker's KV capacity. A worker is either *precise* (fed by its
-  KV events: ``stored``/``removed``/``cleared``, entries live until the engine says otherwise) or *approximate*
-  (fed by the router's own decisions through ``record_routed``; entries expire ``ttl_s`` after their last use);
+- **held** blocks, per worker, in an LRU bounded by the worker's KV capacity (ordered by store, refreshed when the
+  router sends a request that uses them, so close to the engine's own eviction order). A worker is either *precise*
+  (fed by its KV events: ``stored``/``removed``/``cleared``, entries live until the engine says otherwise) or
+  *approximate* (fed by the router's own decisions through ``record_routed``; entries expire ``ttl_s`` after their
+  last use);
 - **predicted** blocks: ``record_routed`` on a precise worker notes the request's blocks for a short while, until the
   worker's ``BlockStored`` arrives (which replaces the prediction) or ``predicted_ttl_s`` passes (the request failed).
   Without it, sibling requests sent together would all miss the prefix the first of them is computing.
@@ -22,14 +24,19 @@ Contracts:
   blocks the event loop for long.
 
 Representation: each worker gets a slot (a bit); ``hash -> bitmask of slots`` for both layers, so a query does one
-dict lookup and one AND per block whatever the number of workers.
+dict lookup and one AND per block whatever the number of workers. Every big table is a plain dict of ints and floats,
+which CPython's cyclic garbage collector does not track: a million entries add nothing to a collection's pause (an
+``OrderedDict`` LRU would add about 60 ms to every full collection). Each worker's LRU is a dict in insertion order
+(a touch re-inserts at the end); when it outgrows its capacity, the oldest ``capacity / 16`` entries go at once, so
+scanning past the holes that deletions leave at the dict's front costs O(1) per insertion on average.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -46,7 +53,7 @@ class _Slot:
         self.worker_id = worker_id
         self.capacity = capacity
         self.ttl_s = ttl_s
-        self.held: OrderedDict[BlockHash, float] = OrderedDict()
+        self.held: dict[BlockHash, float] = {}
         """Block hash -> expiry (``_NO_EXPIRY`` for precise workers), least recently stored first."""
         self.predicted: dict[BlockHash, float] = {}
         """Block hash -> expiry of its prediction."""
@@ -121,19 +128,28 @@ class PrefixIndex:
         slot = self._slot(index)
         bit = 1 << index
         held = self._held
+        held_get = held.get
         lru = slot.held
-        expiry = _NO_EXPIRY if slot.ttl_s is None else self._clock() + slot.ttl_s
-        predicted = slot.predicted
-        for h in hashes:
-            mask = held.get(h, 0)
-            if mask & bit:
+        if slot.predicted:
+            hashes = list(hashes)
+            self._confirm_predictions(slot, bit, hashes)
+        if slot.ttl_s is None:  # precise: the stored expiry never changes, a known block only moves to the end
+            for h in hashes:
+                mask = held_get(h, 0)
+                if mask & bit:
+                    del lru[h]  # re-inserted at the end: most recently stored
+                else:
+                    held[h] = mask | bit
+                lru[h] = _NO_EXPIRY
+        else:
+            expiry = self._clock() + slot.ttl_s
+            for h in hashes:
+                mask = held_get(h, 0)
+                if mask & bit:
+                    del lru[h]
+                else:
+                    held[h] = mask | bit
                 lru[h] = expiry
-                lru.move_to_end(h)
-            else:
-                held[h] = mask | bit
-                lru[h] = expiry
-            if predicted and predicted.pop(h, None) is not None:
-                self._clear_predicted_bit(h, bit)
         if len(lru) > slot.capacity:
             self._trim(slot, bit)
 
@@ -142,11 +158,16 @@ class PrefixIndex:
         index = self._slot_of.get(worker_id)
         if index is None:
             return
-        lru = self._slot(index).held
-        bit = 1 << index
+        pop = self._slot(index).held.pop
+        held = self._held
+        keep = ~(1 << index)
         for h in hashes:
-            if lru.pop(h, None) is not None:
-                self._clear_held_bit(h, bit)
+            if pop(h, None) is not None:
+                mask = held[h] & keep
+                if mask:
+                    held[h] = mask
+                else:
+                    del held[h]
 
     def cleared(self, worker_id: str) -> None:
         """The worker dropped its whole cache (``AllBlocksCleared``, an engine restart, lost events)."""
@@ -168,8 +189,14 @@ class PrefixIndex:
             self.stored(worker_id, hashes)
             return
         bit = 1 << index
-        held = self._held
-        fresh = tuple(h for h in hashes if not held.get(h, 0) & bit)
+        held_get = self._held.get
+        lru = slot.held
+        fresh: list[BlockHash] = []
+        for h in hashes:
+            if held_get(h, 0) & bit:  # the engine is about to use it: keep the LRU close to the engine's own order
+                lru[h] = lru.pop(h)
+            else:
+                fresh.append(h)
         if not fresh or len(slot.predicted) + len(fresh) > slot.capacity:
             return
         expiry = self._clock() + self.predicted_ttl_s
@@ -177,7 +204,7 @@ class PrefixIndex:
         for h in fresh:
             slot.predicted[h] = expiry
             predicted[h] = predicted.get(h, 0) | bit
-        self._prediction_queue.append((expiry, slot, bit, fresh))
+        self._prediction_queue.append((expiry, slot, bit, tuple(fresh)))
 
     # -- queries ------------------------------------------------------------------------------------------------------
 
@@ -278,6 +305,13 @@ class PrefixIndex:
                 out[slot.worker_id] = count
             bits ^= low
 
+    def _confirm_predictions(self, slot: _Slot, bit: int, hashes: Iterable[BlockHash]) -> None:
+        """Stored blocks replace their predictions."""
+        predicted = slot.predicted
+        for h in hashes:
+            if predicted.pop(h, None) is not None:
+                self._clear_predicted_bit(h, bit)
+
     def _clear_held_bit(self, h: BlockHash, bit: int) -> None:
         mask = self._held.get(h, 0) & ~bit
         if mask:
@@ -293,9 +327,15 @@ class PrefixIndex:
             self._predicted.pop(h, None)
 
     def _trim(self, slot: _Slot, bit: int) -> None:
+        """Past capacity: drop the oldest entries, down to 15/16 of capacity (one scan for many evictions)."""
         lru = slot.held
-        while len(lru) > slot.capacity:
-            h, _ = lru.popitem(last=False)
+        excess = len(lru) - slot.capacity
+        if excess <= 0:
+            return
+        excess += slot.capacity // 16
+        oldest = list(itertools.islice(lru, excess))
+        for h in oldest:
+            del lru[h]
             self._clear_held_bit(h, bit)
 
     def _expire_predictions(self, now: float, budget: int) -> int:
@@ -312,20 +352,21 @@ class PrefixIndex:
         return done
 
     def _expire_held(self, now: float, budget: int) -> int:
+        """Approximate workers' expired entries, oldest first, in one scan per worker."""
         done = 0
         for index in self._slot_of.values():
             slot = self._slot(index)
-            if slot.ttl_s is None:
+            if slot.ttl_s is None or done >= budget:
                 continue
             lru = slot.held
             bit = 1 << index
-            while lru and done < budget:
-                h, expiry = next(iter(lru.items()))
-                if expiry > now:
-                    break
+            expired = list(
+                itertools.islice(itertools.takewhile(lambda item: item[1] <= now, lru.items()), budget - done)
+            )
+            for h, _ in expired:
                 del lru[h]
                 self._clear_held_bit(h, bit)
-                done += 1
+            done += len(expired)
         return done
 
     def _release_retired(self, budget: int) -> int:

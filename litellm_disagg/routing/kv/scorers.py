@@ -5,12 +5,12 @@
 The selection (``selection.py``) clamps each score to [0, 1] and sums ``score * weight`` with weights from the pool's
 profile, so one scorer can weigh differently for prefill and for decode workers.
 
-| name             | score                                                                   | reads                    |
-|------------------|-------------------------------------------------------------------------|--------------------------|
-| ``prefix_overlap`` | cached prompt tokens / prompt tokens                                  | prefix index             |
-| ``load``         | ``(fewest + 1) / (active + 1)``: requests running or queued there       | in-flight, scraped       |
-| ``kv_free``      | fraction of the worker's KV cache not in use                            | in-flight, scraped       |
-| ``kv_cost``      | ``(lowest + 1) / (cost + 1)`` of the Dynamo-style additive cost below   | all of the above         |
+| name               | score                                                          | reads              |
+|--------------------|----------------------------------------------------------------|--------------------|
+| ``prefix_overlap`` | cached prompt tokens / prompt tokens                           | prefix index       |
+| ``load``           | ``(fewest + 1) / (active + 1)``: requests running or queued     | in-flight, scraped |
+| ``kv_free``        | fraction of the worker's KV cache not in use                   | in-flight, scraped |
+| ``kv_cost``        | ``(lowest + 1) / (cost + 1)`` of the additive cost below       | all of the above   |
 
 The cost, in blocks (``CostWeights`` from the profile)::
 
@@ -23,10 +23,9 @@ the cluster's size; ``prefix_overlap`` and ``kv_free`` are absolute.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from litellm_disagg.routing.kv.settings import CostWeights, ProfileSettings, ScorerName
 from litellm_disagg.routing.kv.worker_load import WorkerLoad
@@ -88,8 +87,7 @@ class KVFreeScorer:
         return {w.worker_id: ctx.load(w).free_kv_fraction for w in candidates}
 
 
-@dataclass(frozen=True)
-class CostTerms:
+class CostTerms(NamedTuple):
     uncached_blocks: int
     queued_prefill_blocks: int
     used_blocks: float
@@ -99,9 +97,10 @@ class CostTerms:
 
 def kv_cost(ctx: ScoringContext, worker: RuntimeConfig, weights: CostWeights) -> CostTerms:
     size = worker.block_size
-    load = ctx.load(worker)
-    uncached = math.ceil(max(0, ctx.prompt_tokens - ctx.cached(worker.worker_id)) / size)
-    queued = math.ceil(load.inflight_prefill_tokens / size)
+    wid = worker.worker_id
+    load = ctx.loads.get(wid) or WorkerLoad(wid, worker.kv_capacity_blocks)
+    uncached = -(-max(0, ctx.prompt_tokens - ctx.cached_tokens.get(wid, 0)) // size)
+    queued = -(-load.inflight_prefill_tokens // size)
     used = load.used_blocks
     active = load.active_requests
     total = weights.prefill * (uncached + queued) + weights.decode * used + weights.active * active
@@ -118,7 +117,11 @@ class KVCostScorer:
         return {w.worker_id: kv_cost(ctx, w, self.weights) for w in candidates}
 
     def score(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, float]:
-        return _relative({wid: terms.total for wid, terms in self.costs(ctx, candidates).items()})
+        return self.scores_of(self.costs(ctx, candidates))
+
+    @staticmethod
+    def scores_of(costs: Mapping[str, CostTerms]) -> dict[str, float]:
+        return _relative({wid: terms.total for wid, terms in costs.items()})
 
 
 def _relative(costs: Mapping[str, float]) -> dict[str, float]:

@@ -101,7 +101,9 @@ def _prefill_profile() -> ProfileSettings:
 
 def _decode_profile() -> ProfileSettings:
     # Decode workers: load and free KV first; their own cache still saves transfer (and local prefill).
-    return ProfileSettings(weights={"kv_cost": 1.0, "kv_free": 0.25}, cost=CostWeights(prefill=1.0, decode=1.0, active=1.0))
+    return ProfileSettings(
+        weights={"kv_cost": 1.0, "kv_free": 0.25}, cost=CostWeights(prefill=1.0, decode=1.0, active=1.0)
+    )
 
 
 class DisaggDecisionSettings(_Strict):
@@ -116,7 +118,7 @@ class DisaggDecisionSettings(_Strict):
     prior_prefill_overhead_s: NonNegative = 0.02
     prior_transfer_tokens_per_s: Positive = 200_000.0
     prior_transfer_overhead_s: NonNegative = 0.005
-    """Priors for the online estimates, replaced by observations as they come (each counts as one observation)."""
+    """Priors for the online estimates, used until observations replace them."""
     halflife_observations: Positive = 50.0
     """Older observations weigh half as much after this many newer ones."""
     decode_time_weight: NonNegative = 1.0

@@ -4,7 +4,8 @@
   prompt tokens a worker still has to prefill, KV blocks of requests decoding on it. Entries expire after
   ``max_age_s`` so that a lost completion can never pin a worker (as ``routing.load.InflightTracker`` does for
   request counts).
-- ``WorkerLoad`` is one immutable snapshot per worker, built by ``collect_loads`` for one routing decision.
+- ``WorkerLoad`` is one immutable snapshot per worker, built by ``collect_loads`` for one routing decision (a named
+  tuple: 64 of them per decision must cost microseconds).
 """
 
 from __future__ import annotations
@@ -13,14 +14,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from litellm_disagg.routing.kv.load_scraper import ScrapedLoad
+from litellm_disagg.routing.kv.load_scraper import NOT_SCRAPED, ScrapedLoad
 from litellm_disagg.routing.load import InflightTracker
 from litellm_disagg.runtime_config import RuntimeConfig
 
 
-@dataclass(frozen=True)
-class WorkerLoad:
+class WorkerLoad(NamedTuple):
     worker_id: str
     kv_capacity_blocks: int
     inflight_requests: int = 0
@@ -29,14 +30,16 @@ class WorkerLoad:
     """Prompt tokens this router sent there that are still being prefilled."""
     inflight_decode_blocks: int = 0
     """KV blocks of the requests this router has decoding there."""
-    scraped: ScrapedLoad = ScrapedLoad()
+    scraped: ScrapedLoad = NOT_SCRAPED
 
     @property
     def active_requests(self) -> float:
         """Requests running or queued there: the larger of the router's count and the engine's (which also sees
         other routers' requests, but lags by up to a scrape interval)."""
-        engine = self.scraped.running + self.scraped.waiting
-        return float(self.inflight_requests) if self.scraped.stale else max(float(self.inflight_requests), engine)
+        scraped = self.scraped
+        if scraped.stale:
+            return float(self.inflight_requests)
+        return max(float(self.inflight_requests), scraped.running + scraped.waiting)
 
     @property
     def used_blocks(self) -> float:
@@ -88,12 +91,16 @@ class TokenLoadTracker:
             self._sub(self._decode, entry.worker_id, entry.decode_blocks)
 
     def prefill_tokens(self, worker_id: str) -> int:
-        self._expire()
+        self.expire()
         return self._prefill.get(worker_id, 0)
 
     def decode_blocks(self, worker_id: str) -> int:
-        self._expire()
+        self.expire()
         return self._decode.get(worker_id, 0)
+
+    def counts(self, worker_id: str) -> tuple[int, int]:
+        """``(prefill tokens, decode blocks)`` without expiring first (call ``expire()`` once per decision)."""
+        return self._prefill.get(worker_id, 0), self._decode.get(worker_id, 0)
 
     @staticmethod
     def _sub(counter: Counter[str], worker_id: str, amount: int) -> None:
@@ -102,13 +109,16 @@ class TokenLoadTracker:
             if counter[worker_id] <= 0:
                 del counter[worker_id]
 
-    def _expire(self) -> None:
-        if not self._entries:
+    def expire(self) -> None:
+        """Drop entries older than ``max_age_s`` (a lost completion must not pin a worker)."""
+        entries = self._entries
+        if not entries:
             return
         deadline = self._clock() - self.max_age_s
-        for key, entry in list(self._entries.items()):  # insertion order is start order: stop at the first young one
+        while entries:  # insertion order is start order: only the oldest can have expired
+            key, entry = next(iter(entries.items()))
             if entry.started_at >= deadline:
-                break
+                return
             self.finish(key)
 
 
@@ -117,18 +127,28 @@ def collect_loads(
     *,
     inflight: InflightTracker | None = None,
     tokens: TokenLoadTracker | None = None,
-    scraped: Mapping[str, ScrapedLoad] | None = None,
+    scraped: Mapping[str, ScrapedLoad] | Callable[[str], ScrapedLoad] | None = None,
 ) -> dict[str, WorkerLoad]:
-    """One snapshot per candidate, from whichever sources are given."""
+    """One snapshot per candidate, from whichever sources are given (``scraped``: a mapping, or a lookup such as
+    ``LoadScraper.lookup()``)."""
+    if scraped is None:
+        lookup: Callable[[str], ScrapedLoad] = lambda _: NOT_SCRAPED  # noqa: E731
+    elif isinstance(scraped, Mapping):
+        lookup = lambda wid: scraped.get(wid, NOT_SCRAPED)  # noqa: E731
+    else:
+        lookup = scraped
+    if tokens is not None:
+        tokens.expire()
     out: dict[str, WorkerLoad] = {}
     for worker in candidates:
         wid = worker.worker_id
+        prefill, decode = tokens.counts(wid) if tokens is not None else (0, 0)
         out[wid] = WorkerLoad(
-            worker_id=wid,
-            kv_capacity_blocks=worker.kv_capacity_blocks,
-            inflight_requests=inflight.count(wid) if inflight is not None else 0,
-            inflight_prefill_tokens=tokens.prefill_tokens(wid) if tokens is not None else 0,
-            inflight_decode_blocks=tokens.decode_blocks(wid) if tokens is not None else 0,
-            scraped=(scraped or {}).get(wid, ScrapedLoad()),
+            wid,
+            worker.kv_capacity_blocks,
+            inflight.count(wid) if inflight is not None else 0,
+            prefill,
+            decode,
+            lookup(wid),
         )
     return out

@@ -1,0 +1,193 @@
+"""Conditional disaggregation: prefill this request on a prefill worker (remote) or on its decode worker (local)?
+
+Pure and deterministic: observations in (``observe_prefill``, ``observe_transfer``), decisions out (``decide``).
+
+The cost model, in seconds (``rate``, ``overhead`` and the transfer line are fitted online, see below)::
+
+    remote = queued prefill tokens on the prefill worker / rate          (wait for its backlog)
+           + overhead + tokens the prefill worker lacks / rate          (compute)
+           + transfer(tokens the decode worker lacks)                   (the decode worker pulls only what it lacks)
+    local  = queued local prefill tokens / local rate + tokens the decode worker lacks / local rate
+           + decode_time_weight * (1 + requests running there) * (tokens it lacks / local rate)
+
+The last line is what disaggregation exists to avoid: while a decode worker prefills, the requests it is decoding
+stall, and the time is taken from the decode pool. Remote wins when ``remote < local``. There is no token threshold:
+the crossover follows from the measured overhead, transfer cost and backlog (with the default priors, an idle
+cluster sends prompts above about 260 uncached tokens to a prefill worker; a saturated prefill pool or a prompt the
+decode worker already holds stays local).
+
+Online estimates: ``seconds = overhead + tokens / rate``, fitted by least squares with exponential forgetting
+(``halflife_observations``), separately for prefill (tokens: prompt tokens computed plus tokens queued ahead when it
+was sent) and for KV transfer (tokens moved). The configured priors hold until observations replace them (see
+``OnlineLinearFit``), so estimates are defined from the start and converge to what is measured.
+
+Overrides: ``mode: always`` / ``never``; in ``auto``, ``min_remote_prefill_tokens`` (when set) replaces the cost
+model by a plain threshold on the tokens the decode worker lacks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from litellm_disagg.routing.kv.settings import DisaggDecisionSettings
+
+_MIN_SECONDS_PER_TOKEN = 1e-12
+
+
+@dataclass(frozen=True)
+class LinearEstimate:
+    """``seconds = overhead_s + tokens / tokens_per_s``."""
+
+    overhead_s: float
+    tokens_per_s: float
+
+    def seconds(self, tokens: float) -> float:
+        return self.overhead_s + max(0.0, tokens) / self.tokens_per_s
+
+
+class OnlineLinearFit:
+    """Exponentially weighted least squares of ``seconds`` on ``tokens``, falling back on a prior line.
+
+    - no observation yet: the prior;
+    - observations of (nearly) one size, which cannot tell overhead from rate: the prior overhead (or less, if the
+      observations are faster than it) and the rate that puts the line through their weighted mean;
+    - observations of varied sizes (coefficient of variation of at least ``MIN_SPREAD``): the fitted line (flat when
+      size does not matter, through the origin when the fit's overhead would be negative).
+    """
+
+    MIN_SPREAD = 0.1
+    MIN_OBSERVATIONS = 3
+
+    def __init__(self, prior: LinearEstimate, *, halflife_observations: float):
+        self.prior = prior
+        self.decay = 0.5 ** (1.0 / halflife_observations)
+        self.observations = 0
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
+
+    def observe(self, tokens: float, seconds: float) -> None:
+        if tokens < 0 or seconds < 0 or seconds != seconds or tokens != tokens:
+            return
+        d = self.decay
+        self._w = self._w * d + 1.0
+        self._x = self._x * d + tokens
+        self._y = self._y * d + seconds
+        self._xx = self._xx * d + tokens * tokens
+        self._xy = self._xy * d + tokens * seconds
+        self.observations += 1
+
+    def estimate(self) -> LinearEstimate:
+        if self.observations == 0:
+            return self.prior
+        w = self._w
+        mean_x, mean_y = self._x / w, self._y / w
+        var_x = max(0.0, self._xx / w - mean_x * mean_x)
+        if self.observations >= self.MIN_OBSERVATIONS and var_x > (self.MIN_SPREAD * mean_x) ** 2:
+            slope = (self._xy / w - mean_x * mean_y) / var_x
+            if slope <= _MIN_SECONDS_PER_TOKEN:  # size does not matter: all overhead
+                return LinearEstimate(overhead_s=mean_y, tokens_per_s=1.0 / _MIN_SECONDS_PER_TOKEN)
+            intercept = mean_y - slope * mean_x
+            if intercept < 0.0:  # no overhead to speak of: the line through the origin
+                slope = max(self._xy / self._xx, _MIN_SECONDS_PER_TOKEN)
+                return LinearEstimate(overhead_s=0.0, tokens_per_s=1.0 / slope)
+            return LinearEstimate(overhead_s=intercept, tokens_per_s=1.0 / slope)
+        intercept = min(self.prior.overhead_s, mean_y)
+        if mean_x <= 0.0:
+            return LinearEstimate(overhead_s=mean_y, tokens_per_s=self.prior.tokens_per_s)
+        slope = max((mean_y - intercept) / mean_x, _MIN_SECONDS_PER_TOKEN)
+        return LinearEstimate(overhead_s=intercept, tokens_per_s=1.0 / slope)
+
+
+@dataclass(frozen=True)
+class DisaggInputs:
+    """One request's situation, as the router sees it after choosing the decode and the best prefill worker."""
+
+    prompt_tokens: int
+    decode_cached_tokens: int = 0
+    """Prompt tokens the chosen decode worker's prefix cache already holds."""
+    prefill_cached_tokens: int = 0
+    """Prompt tokens the best prefill worker's prefix cache already holds."""
+    prefill_queued_tokens: int = 0
+    """Prompt tokens waiting to be prefilled on that prefill worker (its backlog)."""
+    decode_queued_tokens: int = 0
+    """Prompt tokens the decode worker is still prefilling locally for other requests."""
+    decode_running: float = 0.0
+    """Requests running on the decode worker (they stall while it prefills)."""
+    prefill_available: bool = True
+
+
+@dataclass(frozen=True)
+class DisaggDecision:
+    remote: bool
+    reason: str
+    remote_cost_s: float | None = None
+    local_cost_s: float | None = None
+
+
+class DisaggDecider:
+    def __init__(self, settings: DisaggDecisionSettings):
+        self.settings = settings
+        self.prefill = OnlineLinearFit(
+            LinearEstimate(settings.prior_prefill_overhead_s, settings.prior_prefill_tokens_per_s),
+            halflife_observations=settings.halflife_observations,
+        )
+        self.transfer = OnlineLinearFit(
+            LinearEstimate(settings.prior_transfer_overhead_s, settings.prior_transfer_tokens_per_s),
+            halflife_observations=settings.halflife_observations,
+        )
+
+    # -- observations (the orchestrator, after each prefill / transfer) -----------------------------------------------
+
+    def observe_prefill(self, computed_tokens: int, seconds: float, *, queued_tokens: int = 0) -> None:
+        """A remote prefill took ``seconds`` from sending to its response; it computed ``computed_tokens`` (prompt
+        minus the prefill worker's cache hit) behind ``queued_tokens`` already waiting there."""
+        self.prefill.observe(computed_tokens + queued_tokens, seconds)
+
+    def observe_transfer(self, tokens: int, seconds: float) -> None:
+        """A decode worker pulled ``tokens`` tokens' worth of KV in ``seconds``."""
+        self.transfer.observe(tokens, seconds)
+
+    # -- decision -----------------------------------------------------------------------------------------------------
+
+    def decide(self, inputs: DisaggInputs) -> DisaggDecision:
+        s = self.settings
+        if s.mode == "never":
+            return DisaggDecision(False, "mode never")
+        if not inputs.prefill_available:
+            return DisaggDecision(False, "no prefill worker")
+        if s.mode == "always":
+            return DisaggDecision(True, "mode always")
+        lacking_local = max(0, inputs.prompt_tokens - inputs.decode_cached_tokens)
+        if s.min_remote_prefill_tokens is not None:
+            remote = lacking_local >= s.min_remote_prefill_tokens
+            verdict = ">=" if remote else "<"
+            return DisaggDecision(
+                remote, f"override: {lacking_local} uncached tokens {verdict} {s.min_remote_prefill_tokens}"
+            )
+        remote_cost, local_cost = self.costs(inputs)
+        if remote_cost < local_cost:
+            return DisaggDecision(
+                True, f"remote {remote_cost * 1e3:.1f} ms < local {local_cost * 1e3:.1f} ms", remote_cost, local_cost
+            )
+        return DisaggDecision(
+            False, f"local {local_cost * 1e3:.1f} ms <= remote {remote_cost * 1e3:.1f} ms", remote_cost, local_cost
+        )
+
+    def costs(self, inputs: DisaggInputs) -> tuple[float, float]:
+        """``(remote, local)`` costs in seconds, as in the module's docstring."""
+        prefill = self.prefill.estimate()
+        transfer = self.transfer.estimate()
+        lacking_remote = max(0, inputs.prompt_tokens - inputs.prefill_cached_tokens)
+        lacking_local = max(0, inputs.prompt_tokens - inputs.decode_cached_tokens)
+        remote = (
+            inputs.prefill_queued_tokens / prefill.tokens_per_s
+            + prefill.seconds(lacking_remote)
+            + (transfer.seconds(lacking_local) if lacking_local > 0 else 0.0)
+        )
+        local_rate = prefill.tokens_per_s * self.settings.local_prefill_speed
+        local_compute = lacking_local / local_rate
+        local = (
+            inputs.decode_queued_tokens / local_rate
+            + local_compute
+            + self.settings.decode_time_weight * (1.0 + max(0.0, inputs.decode_running)) * local_compute
+        )
+        return remote, local

@@ -1,0 +1,281 @@
+"""KVRouter: the composition root of KV-aware routing; the one object the controller, strategy and orchestrator use.
+
+It owns the stateful parts (prefix index, event subscriptions, load scraper, in-flight token counts, disaggregation
+estimates) and exposes the pure pipeline over them::
+
+    prompt()          tokens -> chained block hashes                          (async: may tokenize in a thread / HTTP)
+    select_decode()   candidates -> Selection (overlap, load, free KV)        (no state change)
+    select_prefill()  candidates -> Selection (overlap, prefill backlog)      (no state change)
+    decide()          remote or local prefill                                 (no state change)
+    routed()          record the choice: predicted / approximate index entries
+    tokens            TokenLoadTracker: start/prefill_done/finish per request
+    decider           DisaggDecider: observe_prefill / observe_transfer
+
+Lifecycle: ``sync(pool)`` on every discovery snapshot (adds and removes workers: index slots, one event subscriber
+per worker with ``kv_events_endpoint`` in precise mode, scrape targets); ``start()`` once in the event loop (load
+scraper, index maintenance); ``stop()`` at shutdown. ``sync`` may be called before ``start``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import zmq.asyncio
+
+from litellm_disagg.routing.kv.block_hash import PromptBlocks
+from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, DisaggDecision, DisaggInputs
+from litellm_disagg.routing.kv.event_applier import ApplierStats, EventApplier
+from litellm_disagg.routing.kv.event_subscriber import BadEndpoint, KVEventSubscriber
+from litellm_disagg.routing.kv.load_scraper import LoadScraper
+from litellm_disagg.routing.kv.prefix_index import IndexStats, PrefixIndex
+from litellm_disagg.routing.kv.scorers import ScoringContext, usable_cached_tokens
+from litellm_disagg.routing.kv.selection import Selection, Selector
+from litellm_disagg.routing.kv.settings import KVRoutingSettings
+from litellm_disagg.routing.kv.tokenizer import PromptTokenizer
+from litellm_disagg.routing.kv.worker_load import TokenLoadTracker, collect_loads
+from litellm_disagg.routing.load import InflightTracker
+from litellm_disagg.routing.pool import WorkerPool
+from litellm_disagg.routing.request import DisaggRequest
+from litellm_disagg.runtime_config import RuntimeConfig
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CAPACITY_BLOCKS = 65_536
+"""Index bound for a worker that publishes no KV capacity (``kv_capacity_blocks`` 0)."""
+
+
+@dataclass(frozen=True)
+class _Indexed:
+    """What the index's treatment of a worker depends on; a change re-creates its entries."""
+
+    started_at: float
+    block_size: int
+    capacity: int
+    events_endpoint: str | None
+
+
+class KVRouter:
+    def __init__(
+        self,
+        settings: KVRoutingSettings,
+        *,
+        inflight: InflightTracker | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ):
+        self.settings = settings
+        self.inflight = inflight or InflightTracker()
+        self.index = PrefixIndex(predicted_ttl_s=settings.index.predicted_ttl_s, clock=clock)
+        self.tokens = TokenLoadTracker(max_age_s=settings.load.inflight_max_age_s, clock=clock)
+        self.decider = DisaggDecider(settings.disaggregation)
+        self.tokenizer = PromptTokenizer(settings.tokenizer, client=http_client)
+        self.scraper = LoadScraper(
+            interval_s=settings.load.scrape_interval_s,
+            timeout_s=settings.load.scrape_timeout_s,
+            stale_after_s=settings.load.stale_after_s,
+            client=http_client,
+            clock=clock,
+        )
+        rng = rng or random.Random(settings.seed)
+        self.prefill_selector = Selector(settings.prefill, rng=rng)
+        self.decode_selector = Selector(settings.decode, rng=rng)
+        self._indexed: dict[str, _Indexed] = {}
+        self._subscribers: dict[str, KVEventSubscriber] = {}
+        self._zmq: zmq.asyncio.Context | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._started = False
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        for subscriber in self._subscribers.values():
+            subscriber.start()
+        self.scraper.start()
+        self._spawn(self._maintain(), "kv-index-maintenance")
+
+    async def stop(self) -> None:
+        self._started = False
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await asyncio.gather(*(s.stop() for s in self._subscribers.values()))
+        self._subscribers.clear()
+        await self.scraper.stop()
+        await self.tokenizer.aclose()
+        if self._zmq is not None:
+            self._zmq.destroy(linger=0)  # closes any socket a cancelled stop left open
+            self._zmq = None
+
+    def sync(self, pool: WorkerPool) -> None:
+        """Follow a discovery snapshot: index, subscribe to and scrape exactly the workers it lists."""
+        present = {w.worker_id: w for w in pool.workers}
+        for worker_id in [wid for wid in self._indexed if wid not in present]:
+            self._forget(worker_id)
+        for worker in pool.workers:
+            want = self._treatment(worker)
+            if self._indexed.get(worker.worker_id) != want:
+                if worker.worker_id in self._indexed:
+                    self._forget(worker.worker_id)
+                self._add(worker, want)
+        self.scraper.set_targets({w.worker_id: w.server_url for w in pool.workers})
+
+    # -- per request --------------------------------------------------------------------------------------------------
+
+    async def prompt(self, request: DisaggRequest, model: str, *, worker_url: str | None = None) -> PromptBlocks | None:
+        """The request's tokens and block hashes, or None when they cannot be known (route on load alone)."""
+        tokens = await self.tokenizer.tokenize(
+            model=model, endpoint=request.endpoint, fields=request.fields, worker_url=worker_url
+        )
+        return None if tokens is None else PromptBlocks(tokens)
+
+    def context(self, prompt: PromptBlocks | None, candidates: Sequence[RuntimeConfig]) -> ScoringContext:
+        """Cached tokens per candidate (one index query per distinct block size) and their loads."""
+        cached: dict[str, int] = {}
+        if prompt is not None and prompt.num_tokens:
+            by_size: dict[int, dict[str, int]] = {}
+            for worker in candidates:
+                size = worker.block_size
+                overlap = by_size.get(size)
+                if overlap is None:
+                    overlap = by_size[size] = self.index.overlap(prompt.hashes(size))
+                blocks = overlap.get(worker.worker_id, 0)
+                if blocks:
+                    cached[worker.worker_id] = usable_cached_tokens(blocks, size, prompt.num_tokens)
+        loads = collect_loads(candidates, inflight=self.inflight, tokens=self.tokens, scraped=self.scraper.lookup())
+        return ScoringContext(
+            prompt_tokens=0 if prompt is None else prompt.num_tokens, cached_tokens=cached, loads=loads
+        )
+
+    def select_decode(
+        self, prompt: PromptBlocks | None, candidates: Sequence[RuntimeConfig], *, ctx: ScoringContext | None = None
+    ) -> Selection:
+        """The decode pool's choice. ``ctx``: a context already built for a superset of ``candidates`` (one index
+        query for both pools: ``context(prompt, decode_candidates + prefill_candidates)``)."""
+        return self.decode_selector.select(ctx or self.context(prompt, candidates), candidates)
+
+    def select_prefill(
+        self, prompt: PromptBlocks | None, candidates: Sequence[RuntimeConfig], *, ctx: ScoringContext | None = None
+    ) -> Selection:
+        """The prefill pool's choice (``ctx`` as for ``select_decode``)."""
+        return self.prefill_selector.select(ctx or self.context(prompt, candidates), candidates)
+
+    def decide(self, prompt: PromptBlocks | None, decode: Selection, prefill: Selection) -> DisaggDecision:
+        """Remote prefill on ``prefill``'s choice, or local prefill on ``decode``'s choice."""
+        decode_id, prefill_id = decode.worker_id, prefill.worker_id
+        if decode_id is None:
+            return DisaggDecision(False, "no decode worker")
+        decode_b = decode.detail(decode_id)
+        prefill_b = prefill.detail(prefill_id) if prefill_id is not None else None
+        return self.decider.decide(
+            DisaggInputs(
+                prompt_tokens=0 if prompt is None else prompt.num_tokens,
+                decode_cached_tokens=decode_b.cached_tokens,
+                prefill_cached_tokens=0 if prefill_b is None else prefill_b.cached_tokens,
+                prefill_queued_tokens=0 if prefill_id is None else self.tokens.prefill_tokens(prefill_id),
+                decode_queued_tokens=self.tokens.prefill_tokens(decode_id),
+                decode_running=decode_b.active_requests,
+                prefill_available=prefill_id is not None,
+            )
+        )
+
+    def routed(self, prompt: PromptBlocks | None, worker: RuntimeConfig) -> None:
+        """A request with this prompt was sent to ``worker`` (its prefill or decode): until the worker's events
+        confirm it (precise) or for the TTL (approximate), the worker counts as holding the prompt's blocks."""
+        if prompt is not None and prompt.num_tokens:
+            self.index.record_routed(worker.worker_id, prompt.hashes(worker.block_size))
+
+    # -- introspection ------------------------------------------------------------------------------------------------
+
+    def index_stats(self) -> IndexStats:
+        return self.index.stats()
+
+    def event_stats(self) -> dict[str, ApplierStats]:
+        return {wid: s.applier.stats for wid, s in self._subscribers.items()}
+
+    # -- internals ----------------------------------------------------------------------------------------------------
+
+    def _treatment(self, worker: RuntimeConfig) -> _Indexed:
+        capacity = self.settings.index.max_blocks_per_worker or worker.kv_capacity_blocks or DEFAULT_CAPACITY_BLOCKS
+        precise = self.settings.index.mode == "precise" and worker.kv_events_endpoint is not None
+        return _Indexed(worker.started_at, worker.block_size, capacity, worker.kv_events_endpoint if precise else None)
+
+    def _add(self, worker: RuntimeConfig, how: _Indexed) -> None:
+        endpoint = how.events_endpoint
+        subscriber: KVEventSubscriber | None = None
+        if endpoint is not None:
+            events = self.settings.events
+            applier = EventApplier(
+                worker.worker_id,
+                self.index,
+                block_size=how.block_size,
+                capacity_blocks=how.capacity,
+                media=(*events.media, None),
+                kv_group=events.kv_group,
+                on_gap=events.on_gap,
+            )
+            try:
+                subscriber = KVEventSubscriber(
+                    endpoint,
+                    applier,
+                    context=self._context(),
+                    topic=events.topic,
+                    rcvhwm=events.rcvhwm,
+                    reconnect_interval_s=events.reconnect_interval_s,
+                    reconnect_interval_max_s=events.reconnect_interval_max_s,
+                    heartbeat_s=events.heartbeat_s,
+                )
+            except BadEndpoint as exc:
+                logger.warning("worker %s: %s; indexing it approximately", worker.worker_id, exc)
+                how = _Indexed(how.started_at, how.block_size, how.capacity, None)
+        ttl = None if subscriber is not None else self.settings.index.approximate_ttl_s
+        self.index.add_worker(worker.worker_id, capacity_blocks=how.capacity, ttl_s=ttl)
+        self._indexed[worker.worker_id] = how
+        if subscriber is not None:
+            self._subscribers[worker.worker_id] = subscriber
+            if self._started:
+                subscriber.start()
+
+    def _forget(self, worker_id: str) -> None:
+        self._indexed.pop(worker_id, None)
+        self.index.remove_worker(worker_id)
+        subscriber = self._subscribers.pop(worker_id, None)
+        if subscriber is None:
+            return
+        if subscriber.running:
+            self._spawn(subscriber.stop(), f"kv-events-stop-{worker_id}")
+        else:
+            subscriber.close()
+
+    def _context(self) -> zmq.asyncio.Context:
+        if self._zmq is None:
+            self._zmq = zmq.asyncio.Context()
+        return self._zmq
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _maintain(self) -> None:
+        interval = self.settings.index.maintain_interval_s
+        budget = self.settings.index.maintain_max_items
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                self.index.maintain(max_items=budget)
+            except Exception:  # maintenance must never stop
+                logger.exception("prefix index maintenance failed")

@@ -1,0 +1,241 @@
+"""PromptTokenizer: the token ids a vLLM worker will see for a request, computed by the router.
+
+Two ways, tried in order:
+
+1. **Local**, for a served model with a directory in ``tokenizer.model_dirs``: the model's own tokenizer and chat
+   template (``transformers.AutoTokenizer``), exactly as vLLM's OpenAI server uses them: chat requests are rendered
+   with the template (``add_generation_prompt`` default true, ``continue_final_message``, ``tools``, ``documents``,
+   ``chat_template``, ``chat_template_kwargs``) and the text tokenized with ``add_special_tokens`` default false;
+   text completions are tokenized with ``add_special_tokens`` default true; a prompt of token ids is used as is.
+   Loading and tokenizing run in a worker thread (``asyncio.to_thread``): the event loop never blocks. Loaded
+   tokenizers are cached (LRU); a directory that fails to load is retried after ``RETRY_LOAD_S``.
+2. **Remote**, when there is no directory or the local path fails and ``http_fallback`` is on: the worker's
+   ``POST /tokenize`` (vLLM's API: ``{"model", "messages", ...}`` or ``{"model", "prompt"}`` -> ``{"tokens"}``).
+
+``tokenize`` returns None when neither works (several prompts, image or audio content, a worker that does not
+answer in ``timeout_s``): the request is then routed on load alone. It never raises for a bad request: the worker
+will answer that one itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from litellm_disagg.routing.kv.settings import TokenizerSettings
+from litellm_disagg.transfer.vllm import Endpoint
+
+logger = logging.getLogger(__name__)
+
+RETRY_LOAD_S = 60.0
+
+_CHAT_TOKENIZE_FIELDS = (
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "chat_template",
+    "chat_template_kwargs",
+    "tools",
+    "documents",
+    "mm_processor_kwargs",
+)
+
+
+class Unsupported(ValueError):
+    """A request this module cannot tokenize locally (several prompts, non-text content)."""
+
+
+@dataclass
+class _Loaded:
+    tokenizer: Any
+    lock: threading.Lock
+
+
+class PromptTokenizer:
+    def __init__(self, settings: TokenizerSettings | None = None, *, client: httpx.AsyncClient | None = None):
+        self.settings = settings or TokenizerSettings()
+        self._client = client
+        self._own_client = client is None
+        self._loaded: OrderedDict[str, _Loaded] = OrderedDict()
+        self._failed: dict[str, float] = {}
+        self._loading: dict[str, asyncio.Lock] = {}
+
+    async def tokenize(
+        self,
+        *,
+        model: str,
+        endpoint: Endpoint,
+        fields: Mapping[str, Any],
+        worker_url: str | None = None,
+    ) -> list[int] | None:
+        """Token ids of the request's prompt (``fields``: the OpenAI request's fields), or None.
+
+        ``model`` is the served model name; ``worker_url`` the HTTP root of a worker serving it (for the fallback).
+        """
+        if endpoint is Endpoint.COMPLETIONS:
+            prompt = fields.get("prompt")
+            if (
+                isinstance(prompt, list)
+                and prompt
+                and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+            ):
+                return list(prompt)
+            if not isinstance(prompt, str):
+                return None
+        elif not isinstance(fields.get("messages"), list) or not fields.get("messages"):
+            return None
+        if model in self.settings.model_dirs:
+            try:
+                loaded = await self._tokenizer(model)
+                if loaded is not None:
+                    return await asyncio.to_thread(_encode_locked, loaded, endpoint, fields)
+            except Unsupported as exc:
+                logger.debug("model %s: not tokenized locally: %s", model, exc)
+            except Exception as exc:  # a template error, an unexpected tokenizer output: let the worker try
+                logger.warning("model %s: local tokenization failed: %s", model, exc)
+        if self.settings.http_fallback and worker_url:
+            return await self._remote(model, endpoint, fields, worker_url)
+        return None
+
+    async def aclose(self) -> None:
+        if self._own_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # -- local --------------------------------------------------------------------------------------------------------
+
+    async def _tokenizer(self, model: str) -> _Loaded | None:
+        found = self._loaded.get(model)
+        if found is not None:
+            self._loaded.move_to_end(model)
+            return found
+        failed_at = self._failed.get(model)
+        if failed_at is not None and time.monotonic() - failed_at < RETRY_LOAD_S:
+            return None
+        lock = self._loading.setdefault(model, asyncio.Lock())
+        async with lock:
+            found = self._loaded.get(model)
+            if found is not None:
+                return found
+            directory = self.settings.model_dirs[model]
+            try:
+                tokenizer = await asyncio.to_thread(_load, directory)
+            except Exception as exc:
+                logger.warning("model %s: cannot load its tokenizer from %s: %s", model, directory, exc)
+                self._failed[model] = time.monotonic()
+                return None
+            self._failed.pop(model, None)
+            loaded = self._loaded[model] = _Loaded(tokenizer, threading.Lock())
+            while len(self._loaded) > self.settings.max_cached_tokenizers:
+                self._loaded.popitem(last=False)
+            return loaded
+
+    # -- remote -------------------------------------------------------------------------------------------------------
+
+    async def _remote(
+        self, model: str, endpoint: Endpoint, fields: Mapping[str, Any], worker_url: str
+    ) -> list[int] | None:
+        body = tokenize_body(model, endpoint, fields)
+        try:
+            response = await self._http().post(
+                f"{worker_url.rstrip('/')}/tokenize", json=body, timeout=self.settings.timeout_s
+            )
+            response.raise_for_status()
+            tokens = response.json().get("tokens")
+        except (httpx.HTTPError, ValueError, AttributeError) as exc:
+            logger.debug("model %s: /tokenize on %s failed: %s", model, worker_url, exc)
+            return None
+        if isinstance(tokens, list) and all(isinstance(t, int) for t in tokens):
+            return tokens
+        return None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        return self._client
+
+
+def tokenize_body(model: str, endpoint: Endpoint, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The body of vLLM's ``POST /tokenize`` for this request."""
+    if endpoint is Endpoint.COMPLETIONS:
+        body: dict[str, Any] = {"model": model, "prompt": fields.get("prompt")}
+        if fields.get("add_special_tokens") is not None:
+            body["add_special_tokens"] = fields["add_special_tokens"]
+        return body
+    body = {"model": model, "messages": fields.get("messages")}
+    for key in _CHAT_TOKENIZE_FIELDS:
+        if fields.get(key) is not None:
+            body[key] = fields[key]
+    body.setdefault("add_generation_prompt", True)
+    return body
+
+
+def _load(directory: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(directory)
+
+
+def _encode_locked(loaded: _Loaded, endpoint: Endpoint, fields: Mapping[str, Any]) -> list[int]:
+    with loaded.lock:  # a Rust tokenizer shared across threads can fail with "Already borrowed"
+        return encode(loaded.tokenizer, endpoint, fields)
+
+
+def encode(tokenizer: Any, endpoint: Endpoint, fields: Mapping[str, Any]) -> list[int]:
+    """What vLLM's OpenAI server feeds the engine for this request, with the model's own tokenizer."""
+    if endpoint is Endpoint.COMPLETIONS:
+        prompt = fields.get("prompt")
+        if not isinstance(prompt, str):
+            raise Unsupported("prompt is not one string")
+        return _ids(tokenizer(prompt, add_special_tokens=_flag(fields, "add_special_tokens", True)))
+    messages = [_text_message(m) for m in fields.get("messages") or []]
+    kwargs: dict[str, Any] = dict(fields.get("chat_template_kwargs") or {})
+    kwargs.update(
+        tokenize=False,
+        add_generation_prompt=_flag(fields, "add_generation_prompt", True),
+        continue_final_message=_flag(fields, "continue_final_message", False),
+    )
+    for key in ("tools", "documents", "chat_template"):
+        if fields.get(key) is not None:
+            kwargs[key] = fields[key]
+    text = tokenizer.apply_chat_template(messages, **kwargs)
+    if not isinstance(text, str):
+        raise ValueError(f"chat template rendered {type(text).__name__}, expected text")
+    return _ids(tokenizer(text, add_special_tokens=_flag(fields, "add_special_tokens", False)))
+
+
+def _flag(fields: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = fields.get(key)
+    return default if value is None else bool(value)
+
+
+def _text_message(message: Any) -> dict[str, Any]:
+    """A message whose content is text; text parts are joined with newlines (vLLM's "string" content format)."""
+    if not isinstance(message, Mapping):
+        raise Unsupported("a message is not an object")
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return dict(message)
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise Unsupported("message content other than text")
+            texts.append(part["text"])
+        return {**message, "content": "\n".join(texts)}
+    raise Unsupported("message content of an unknown shape")
+
+
+def _ids(encoded: Any) -> list[int]:
+    ids = encoded["input_ids"] if isinstance(encoded, Mapping) or hasattr(encoded, "keys") else encoded
+    if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+        raise ValueError("tokenizer returned something other than a list of token ids")
+    return ids

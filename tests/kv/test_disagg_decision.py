@@ -1,0 +1,126 @@
+"""Conditional disaggregation: the cost model's choices, overrides, and the online estimates."""
+
+from __future__ import annotations
+
+import pytest
+
+from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, DisaggInputs, LinearEstimate, OnlineLinearFit
+from litellm_disagg.routing.kv.settings import DisaggDecisionSettings
+
+
+def decider(**settings: object) -> DisaggDecider:
+    return DisaggDecider(DisaggDecisionSettings.model_validate(settings))
+
+
+@pytest.mark.parametrize(
+    ("inputs", "remote"),
+    [
+        # long uncached prompt, idle prefill pool: remote
+        (DisaggInputs(prompt_tokens=8000), True),
+        (DisaggInputs(prompt_tokens=8000, decode_running=8), True),
+        # saturated prefill pool (a minute of backlog): local
+        (DisaggInputs(prompt_tokens=8000, prefill_queued_tokens=600_000), False),
+        # prompt already cached on the decode worker: local
+        (DisaggInputs(prompt_tokens=8000, decode_cached_tokens=7984), False),
+        # short prompt: the remote hop's overhead is not worth it
+        (DisaggInputs(prompt_tokens=100), False),
+        # cached on the prefill worker, not on the decode worker: remote is cheap
+        (DisaggInputs(prompt_tokens=8000, prefill_cached_tokens=7984, prefill_queued_tokens=5_000), True),
+        # busy decode worker: even a mid-size prompt goes remote
+        (DisaggInputs(prompt_tokens=300, decode_running=30), True),
+        # no prefill worker at all
+        (DisaggInputs(prompt_tokens=8000, prefill_available=False), False),
+    ],
+)
+def test_auto_decisions(inputs: DisaggInputs, remote: bool) -> None:
+    decision = decider().decide(inputs)
+    assert decision.remote is remote, decision.reason
+    if inputs.prefill_available:
+        assert decision.remote_cost_s is not None and decision.local_cost_s is not None
+
+
+def test_crossover_follows_measurements_not_a_fixed_threshold() -> None:
+    def crossover(d: DisaggDecider) -> int:
+        return next(n for n in range(16, 100_000, 16) if d.decide(DisaggInputs(prompt_tokens=n)).remote)
+
+    default = crossover(decider())
+    assert 200 <= default <= 320  # about 260 with the priors
+    slow_hop = decider()
+    for _ in range(200):  # measured: every transfer costs 200 ms whatever its size
+        slow_hop.observe_transfer(tokens=1000, seconds=0.2)
+        slow_hop.observe_transfer(tokens=4000, seconds=0.2)
+    assert crossover(slow_hop) > 5 * default
+
+
+@pytest.mark.parametrize(
+    ("settings", "inputs", "remote", "reason"),
+    [
+        ({"mode": "never"}, DisaggInputs(prompt_tokens=100_000), False, "mode never"),
+        ({"mode": "always"}, DisaggInputs(prompt_tokens=10, prefill_queued_tokens=10**9), True, "mode always"),
+        ({"mode": "always"}, DisaggInputs(prompt_tokens=10, prefill_available=False), False, "no prefill worker"),
+        (
+            {"min_remote_prefill_tokens": 512},
+            DisaggInputs(prompt_tokens=600, decode_cached_tokens=96),
+            False,
+            "override: 504 uncached tokens < 512",
+        ),
+        (
+            {"min_remote_prefill_tokens": 512},
+            DisaggInputs(prompt_tokens=600, prefill_queued_tokens=10**9),
+            True,
+            "override: 600 uncached tokens >= 512",
+        ),
+        ({"min_remote_prefill_tokens": 0}, DisaggInputs(prompt_tokens=1), True, "override: 1 uncached tokens >= 0"),
+    ],
+)
+def test_overrides(settings: dict[str, object], inputs: DisaggInputs, remote: bool, reason: str) -> None:
+    decision = decider(**settings).decide(inputs)
+    assert (decision.remote, decision.reason) == (remote, reason)
+
+
+def test_decisions_are_deterministic_given_observations() -> None:
+    def run() -> list[bool]:
+        d = decider()
+        out = []
+        for i in range(50):
+            d.observe_prefill(computed_tokens=500 + 37 * i, seconds=0.01 + i * 0.003, queued_tokens=i * 10)
+            d.observe_transfer(tokens=100 * i, seconds=0.002 * i)
+            out.append(d.decide(DisaggInputs(prompt_tokens=40 * i, prefill_queued_tokens=2000)).remote)
+        return out
+
+    assert run() == run()
+
+
+def test_online_fit_converges_to_measurements() -> None:
+    fit = OnlineLinearFit(LinearEstimate(overhead_s=0.5, tokens_per_s=100.0), halflife_observations=20)
+    truth = LinearEstimate(overhead_s=0.03, tokens_per_s=5000.0)
+    for i in range(400):
+        tokens = 200 + (i * 613) % 8000
+        fit.observe(tokens, truth.seconds(tokens))
+    estimate = fit.estimate()
+    assert estimate.tokens_per_s == pytest.approx(5000, rel=0.05)
+    assert estimate.overhead_s == pytest.approx(0.03, abs=0.01)
+
+
+def test_online_fit_prior_and_degenerate_observations() -> None:
+    prior = LinearEstimate(overhead_s=0.02, tokens_per_s=10_000.0)
+    fit = OnlineLinearFit(prior, halflife_observations=50)
+    assert fit.estimate() == prior
+    for _ in range(100):  # always the same size: prior overhead, rate through the observations
+        fit.observe(1000, 0.5)
+    assert fit.estimate() == LinearEstimate(overhead_s=0.02, tokens_per_s=pytest.approx(1000 / 0.48))
+    fast = OnlineLinearFit(prior, halflife_observations=50)
+    fast.observe(1000, 0.01)  # faster than the prior overhead alone
+    assert fast.estimate().overhead_s == 0.01 and fast.estimate().seconds(1000) == pytest.approx(0.01, abs=1e-6)
+    fit.observe(-1, 1.0)
+    fit.observe(10, float("nan"))
+    assert fit.observations == 100
+
+
+def test_queued_tokens_are_part_of_a_prefill_observation() -> None:
+    d = decider(prior_prefill_overhead_s=0.0)
+    for i in range(300):
+        computed = 1000 + (i % 7) * 500
+        queued = (i % 5) * 4000
+        d.observe_prefill(computed, (computed + queued) / 20_000, queued_tokens=queued)
+    assert d.prefill.estimate().tokens_per_s == pytest.approx(20_000, rel=0.05)

@@ -1,0 +1,153 @@
+"""Load collection: /metrics parsing and scraping (stub HTTP), the router's token counts, WorkerLoad snapshots."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from litellm_disagg.routing.kv.load_scraper import LoadScraper, ScrapedLoad, parse_metrics
+from litellm_disagg.routing.kv.worker_load import TokenLoadTracker, WorkerLoad, collect_loads
+from litellm_disagg.routing.load import InflightTracker
+from tests.kv.helpers import worker
+from tests.kv.zmq_pub import until
+
+PAGE = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 5.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
+vllm:num_requests_running_total{model_name="m"} 99.0
+vllm:prompt_tokens_total{model_name="m"} 1234.0
+vllm:time_to_first_token_seconds_bucket{le="0.001",model_name="m"} 0.0
+"""
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (PAGE, ScrapedLoad(waiting=5.0, running=4.0, kv_usage=0.375, stale=False)),
+        (
+            "vllm:num_requests_running 2\nvllm:gpu_cache_usage_perc 0.9\n",
+            ScrapedLoad(running=2.0, kv_usage=0.9, stale=False),
+        ),
+        ('vllm:kv_cache_usage_perc{a="}"} 1.5 1700000000\n', ScrapedLoad(kv_usage=1.0, stale=False)),
+        ('vllm:num_requests_waiting{x="1"} NaNish\n', None),
+        ("# nothing here\nother_metric 1\n", None),
+    ],
+)
+def test_parse_metrics(text: str, expected: ScrapedLoad | None) -> None:
+    assert parse_metrics(text) == expected
+
+
+class Pages:
+    def __init__(self) -> None:
+        self.pages: dict[str, str | int] = {}
+        self.calls = 0
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        self.calls += 1
+        assert request.url.path == "/metrics"
+        page = self.pages.get(request.url.host, 404)
+        if isinstance(page, int):
+            return httpx.Response(page)
+        return httpx.Response(200, text=page)
+
+
+async def test_scrape_keeps_last_values_marked_stale_on_failure() -> None:
+    pages, clock = Pages(), Clock()
+    pages.pages = {"a": PAGE, "b": "vllm:num_requests_running 1\n"}
+    scraper = LoadScraper(
+        client=httpx.AsyncClient(transport=httpx.MockTransport(pages.handler)), clock=clock, stale_after_s=2.0
+    )
+    scraper.set_targets({"wa": "http://a", "wb": "http://b", "wc": "http://c"})
+    await scraper.scrape_once()
+    snap = scraper.snapshot()
+    assert snap["wa"] == ScrapedLoad(5.0, 4.0, 0.375, scraped_at=100.0, stale=False)
+    assert snap["wc"].stale and snap["wc"].running == 0  # never scraped successfully
+    pages.pages["a"] = 500
+    clock.now = 101.0
+    await scraper.scrape_once()
+    assert scraper.get("wa") == ScrapedLoad(5.0, 4.0, 0.375, scraped_at=100.0, stale=True)
+    assert not scraper.get("wb").stale
+    clock.now = 104.0  # too old now, even without a failure
+    assert scraper.get("wb").stale
+    scraper.set_targets({"wb": "http://b"})
+    assert set(scraper.snapshot()) == {"wb"} and scraper.get("wa") == ScrapedLoad()
+
+
+async def test_scraper_task_runs_and_stops() -> None:
+    pages = Pages()
+    pages.pages = {"a": PAGE}
+    scraper = LoadScraper(interval_s=0.01, client=httpx.AsyncClient(transport=httpx.MockTransport(pages.handler)))
+    scraper.set_targets({"wa": "http://a"})
+    scraper.start()
+    await until(lambda: pages.calls >= 3)
+    await scraper.stop()
+    calls = pages.calls
+    assert scraper.get("wa").running == 4.0
+    import asyncio
+
+    await asyncio.sleep(0.05)
+    assert pages.calls == calls
+
+
+def test_token_load_tracker() -> None:
+    clock = Clock()
+    tracker = TokenLoadTracker(max_age_s=60, clock=clock)
+    tracker.start("r1", "a", prefill_tokens=1000, decode_blocks=70)
+    tracker.start("r2", "a", prefill_tokens=500)
+    tracker.start("r3", "b", decode_blocks=10)
+    assert (tracker.prefill_tokens("a"), tracker.decode_blocks("a")) == (1500, 70)
+    tracker.prefill_done("r1")
+    assert (tracker.prefill_tokens("a"), tracker.decode_blocks("a")) == (500, 70)
+    tracker.start("r2", "b", prefill_tokens=5)  # a key moves
+    assert tracker.prefill_tokens("a") == 0 and tracker.prefill_tokens("b") == 5
+    tracker.finish("r1")
+    tracker.finish("unknown")
+    assert tracker.decode_blocks("a") == 0
+    clock.now += 61  # a lost completion cannot pin a worker
+    assert tracker.decode_blocks("b") == 0 and tracker.prefill_tokens("b") == 0
+
+
+@pytest.mark.parametrize(
+    ("load", "active", "used", "free"),
+    [
+        (WorkerLoad("w", 100, inflight_requests=2, inflight_decode_blocks=10), 2.0, 10.0, 0.9),
+        (WorkerLoad("w", 100, 2, 0, 10, ScrapedLoad(waiting=3, running=4, kv_usage=0.5, stale=False)), 7.0, 50.0, 0.5),
+        (
+            WorkerLoad("w", 100, 9, 0, 80, ScrapedLoad(waiting=3, running=4, kv_usage=0.5, stale=False)),
+            9.0,
+            80.0,
+            pytest.approx(0.2),
+        ),
+        (WorkerLoad("w", 100, 1, 0, 0, ScrapedLoad(waiting=30, running=40, kv_usage=0.9, stale=True)), 1.0, 0.0, 1.0),
+        (WorkerLoad("w", 0), 0.0, 0.0, 0.0),
+    ],
+)
+def test_worker_load_combines_router_and_engine_views(
+    load: WorkerLoad, active: float, used: float, free: float
+) -> None:
+    assert (load.active_requests, load.used_blocks, load.free_kv_fraction) == (active, used, free)
+
+
+def test_collect_loads() -> None:
+    inflight = InflightTracker()
+    inflight.start("x", "a")
+    tokens = TokenLoadTracker()
+    tokens.start("x", "a", prefill_tokens=64, decode_blocks=4)
+    scraped = {"b": ScrapedLoad(running=2, stale=False)}
+    loads = collect_loads([worker("a", capacity=50), worker("b")], inflight=inflight, tokens=tokens, scraped=scraped)
+    assert loads["a"] == WorkerLoad("a", 50, 1, 64, 4)
+    assert loads["b"].active_requests == 2.0
+    assert collect_loads([worker("a")])["a"] == WorkerLoad("a", 1000)

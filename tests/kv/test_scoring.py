@@ -1,0 +1,189 @@
+"""Scorers, the Dynamo-style cost, and the selection: weights, ties, temperature, breakdown."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from litellm_disagg.routing.kv.scorers import (
+    KVCostScorer,
+    KVFreeScorer,
+    LoadScorer,
+    PrefixOverlapScorer,
+    ScoringContext,
+    kv_cost,
+    usable_cached_tokens,
+)
+from litellm_disagg.routing.kv.selection import Selector
+from litellm_disagg.routing.kv.settings import CostWeights, ProfileSettings
+from litellm_disagg.routing.kv.worker_load import WorkerLoad
+from tests.kv.helpers import load, worker
+
+A, B, C = worker("a"), worker("b"), worker("c")
+
+
+def ctx(prompt: int = 1000, cached: dict[str, int] | None = None, *loads: WorkerLoad) -> ScoringContext:
+    return ScoringContext(prompt_tokens=prompt, cached_tokens=cached or {}, loads={x.worker_id: x for x in loads})
+
+
+@pytest.mark.parametrize(
+    ("blocks", "block_size", "prompt", "usable"),
+    [
+        (0, 16, 100, 0),
+        (3, 16, 100, 48),
+        (7, 16, 100, 96),
+        (10, 16, 100, 96),
+        (4, 16, 64, 48),
+        (1, 16, 17, 16),
+        (5, 16, 0, 0),
+    ],
+)
+def test_usable_cached_tokens_never_covers_the_last_token(
+    blocks: int, block_size: int, prompt: int, usable: int
+) -> None:
+    assert usable_cached_tokens(blocks, block_size, prompt) == usable
+
+
+@pytest.mark.parametrize(
+    ("scorer", "context", "expected"),
+    [
+        (PrefixOverlapScorer(), ctx(1000, {"a": 500, "b": 1000}), {"a": 0.5, "b": 1.0, "c": 0.0}),
+        (PrefixOverlapScorer(), ctx(0, {}), {"a": 0.0, "b": 0.0, "c": 0.0}),
+        (LoadScorer(), ctx(1, {}, load("a", inflight=3), load("b", inflight=1)), {"a": 0.25, "b": 0.5, "c": 1.0}),
+        # scraped running+waiting counts when larger than the router's own count, unless stale
+        (
+            LoadScorer(),
+            ctx(1, {}, load("a", inflight=0, running=3), load("b", inflight=0, running=9, stale=True)),
+            {"a": 0.25, "b": 1.0, "c": 1.0},
+        ),
+        (
+            KVFreeScorer(),
+            ctx(1, {}, load("a", kv_usage=0.25), load("b", decode_blocks=900, kv_usage=0.5)),
+            {"a": 0.75, "b": pytest.approx(0.1), "c": 1.0},
+        ),
+    ],
+)
+def test_scorers(scorer, context: ScoringContext, expected: dict[str, float]) -> None:  # type: ignore[no-untyped-def]
+    assert scorer.score(context, [A, B, C]) == expected
+
+
+def test_kv_cost_terms() -> None:
+    context = ctx(1000, {"a": 512}, load("a", prefill_tokens=100, decode_blocks=30, inflight=2))
+    terms = kv_cost(context, A, CostWeights(prefill=2.0, decode=1.0, active=3.0))
+    assert (terms.uncached_blocks, terms.queued_prefill_blocks, terms.used_blocks, terms.active_requests) == (
+        31,
+        7,
+        30,
+        2,
+    )
+    assert terms.total == 2 * (31 + 7) + 30 + 3 * 2
+
+
+def test_kv_cost_scorer_is_relative() -> None:
+    scorer = KVCostScorer(CostWeights(prefill=1.0, decode=0.0, active=0.0))
+    scores = scorer.score(ctx(1600, {"a": 1600, "b": 800}), [A, B, C])  # uncached blocks: a 1, b 50, c 100
+    assert scores == {"a": 1.0, "b": pytest.approx(1 / 51), "c": pytest.approx(1 / 101)}
+
+
+def profile(weights: dict[str, float], temperature: float = 0.0, **cost: float) -> ProfileSettings:
+    return ProfileSettings.model_validate({"weights": weights, "temperature": temperature, "cost": cost})
+
+
+@pytest.mark.parametrize(
+    ("weights", "context", "allowed", "how"),
+    [
+        # overlap wins when load is equal
+        ({"prefix_overlap": 1.0, "load": 1.0}, ctx(1000, {"b": 900}), {"b"}, "best"),
+        # ... and loses when the weights say load matters more (a and c tie, equally idle)
+        ({"prefix_overlap": 1.0, "load": 4.0}, ctx(1000, {"b": 900}, load("b", inflight=3)), {"a", "c"}, "tie_random"),
+        # equal totals: the least loaded, then random among the least loaded
+        (
+            {"prefix_overlap": 1.0},
+            ctx(1000, {}, load("a", inflight=2), load("b", inflight=0), load("c", inflight=1)),
+            {"b"},
+            "tie_load",
+        ),
+        (
+            {"prefix_overlap": 1.0},
+            ctx(1000, {}, load("a", inflight=2), load("b", inflight=1), load("c", inflight=1)),
+            {"b", "c"},
+            "tie_random",
+        ),
+        (
+            {"kv_free": 1.0},
+            ctx(1000, {}, load("a", inflight=2), load("b", inflight=1), load("c", kv_usage=0.1)),
+            {"b"},
+            "tie_load",
+        ),
+        # Dynamo-style cost: the worker holding the prefix wins while its backlog is smaller than the saving...
+        ({"kv_cost": 1.0}, ctx(1600, {"a": 1600}, load("a", prefill_tokens=800)), {"a"}, "best"),
+        # ... and not when the backlog outweighs it (b and c tie)
+        ({"kv_cost": 1.0}, ctx(1600, {"a": 1600}, load("a", prefill_tokens=3200)), {"b", "c"}, "tie_random"),
+    ],
+)
+def test_selection(weights: dict[str, float], context: ScoringContext, allowed: set[str], how: str) -> None:
+    selection = Selector(profile(weights, decode=0.0, active=0.0), rng=random.Random(1)).select(context, [A, B, C])
+    assert (selection.how, selection.worker_id in allowed) == (how, True)
+
+
+def test_random_ties_spread_over_equal_workers() -> None:
+    selector = Selector(profile({"prefix_overlap": 1.0}), rng=random.Random(7))
+    picks = {selector.select(ctx(100), [A, B, C]).worker_id for _ in range(60)}
+    assert picks == {"a", "b", "c"}
+
+
+def test_seeded_selection_is_deterministic() -> None:
+    def run(seed: int) -> list[str | None]:
+        selector = Selector(profile({"load": 1.0}, temperature=0.5), rng=random.Random(seed))
+        return [selector.select(ctx(100, {}, load("a", inflight=i % 3)), [A, B, C]).worker_id for i in range(30)]
+
+    assert run(3) == run(3)
+
+
+def test_temperature_samples_in_proportion() -> None:
+    selector = Selector(profile({"prefix_overlap": 1.0}, temperature=0.25), rng=random.Random(0))
+    context = ctx(100, {"a": 100})  # totals a=1, b=c=0: a is e^4 ~ 55 times as likely as each other
+    picks = [selector.select(context, [A, B, C]).worker_id for _ in range(2000)]
+    share = picks.count("a") / len(picks)
+    assert 0.93 < share < 0.99
+    assert {"b", "c"} <= set(picks)
+
+
+def test_breakdown_and_ranking() -> None:
+    selector = Selector(profile({"prefix_overlap": 2.0, "kv_cost": 1.0}), rng=random.Random(0))
+    selection = selector.select(ctx(1000, {"a": 500, "b": 992}, load("a", inflight=1)), [A, B, C])
+    assert selection.worker_id == "b"
+    b = selection.breakdown["b"]
+    assert b.scores["prefix_overlap"] == pytest.approx(0.992)
+    assert b.total == pytest.approx(2 * 0.992 + b.scores["kv_cost"])
+    assert b.cost is not None and b.cost.uncached_blocks == 1 and b.cached_tokens == 992
+    assert selection.ranking() == ["b", "a", "c"]
+    assert selection.describe().startswith("picked b (best) b:")
+
+
+def test_edge_cases() -> None:
+    selector = Selector(profile({"load": 1.0}))
+    assert selector.select(ctx(), []).worker is None
+    only = selector.select(ctx(), [A])
+    assert only.worker_id == "a" and only.how == "only"
+
+
+def test_scores_are_clamped() -> None:
+    class Wild:
+        name = "load"
+
+        def score(self, context: ScoringContext, candidates: list[object]) -> dict[str, float]:
+            return {"a": 5.0, "b": -3.0, "c": float("nan")}
+
+    selector = Selector(profile({"load": 1.0}))
+    selector.scorers = [(Wild(), 1.0)]  # type: ignore[list-item]
+    selection = selector.select(ctx(), [A, B, C])
+    assert {w: b.total for w, b in selection.breakdown.items()} == {"a": 1.0, "b": 0.0, "c": 0.0}
+
+
+def test_a_profile_needs_a_positive_weight() -> None:
+    with pytest.raises(ValueError):
+        profile({"load": 0.0})
+    with pytest.raises(ValueError):
+        profile({"nonsense": 1.0})

@@ -1,0 +1,76 @@
+"""KVRoutingSettings: defaults in one place, the README's example validates, unknown keys are refused."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+import litellm_disagg.routing.kv as kv
+from litellm_disagg.routing.kv.settings import KVRoutingSettings
+
+README = Path(kv.__file__).with_name("README.md")
+
+
+def test_defaults() -> None:
+    s = KVRoutingSettings()
+    assert not s.enabled
+    assert s.index.mode == "precise" and s.events.on_gap == "keep"
+    assert s.prefill.weights == {"kv_cost": 1.0} and s.prefill.cost.decode == 0.0
+    assert s.decode.weights == {"kv_cost": 1.0, "kv_free": 0.25}
+    assert s.disaggregation.mode == "auto" and s.disaggregation.min_remote_prefill_tokens is None
+
+
+def test_readme_example_validates_and_matches_the_defaults() -> None:
+    block = re.search(r"```yaml\n(.*?)```", README.read_text(), re.S)
+    assert block is not None
+    section = yaml.safe_load(block.group(1))["litellm_disagg"]["kv_routing"]
+    s = KVRoutingSettings.model_validate(section)
+    assert s.enabled and s.tokenizer.model_dirs == {"tiny": "/models/tiny-llama"}
+    # everything else in the example is a default
+    defaults = KVRoutingSettings.model_validate(
+        {"enabled": True, "tokenizer": {"model_dirs": {"tiny": "/models/tiny-llama"}}}
+    )
+    assert s == defaults
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
+        {"enabeld": True},
+        {"index": {"mode": "exact"}},
+        {"prefill": {"weights": {"prefix": 1.0}}},
+        {"decode": {"weights": {"load": -1.0}}},
+        {"decode": {"weights": {"load": 0.0}}},
+        {"disaggregation": {"mode": "sometimes"}},
+        {"disaggregation": {"min_remote_prefill_tokens": -5}},
+        {"load": {"scrape_interval_s": 0}},
+    ],
+)
+def test_invalid_sections_are_refused(section: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        KVRoutingSettings.model_validate(section)
+
+
+def test_public_api_is_complete() -> None:
+    names = {n for n in dir(kv) if not n.startswith("_")}
+    modules = {
+        "block_hash",
+        "disagg_decision",
+        "event_applier",
+        "event_subscriber",
+        "kv_events",
+        "load_scraper",
+        "prefix_index",
+        "router",
+        "scorers",
+        "selection",
+        "settings",
+        "tokenizer",
+        "worker_load",
+    }
+    assert set(kv.__all__) == names - modules
+    assert len(kv.__all__) == len(set(kv.__all__))
