@@ -50,13 +50,12 @@ class InflightTracker:
         return self._counts.get(worker_id, 0)
 
     def _expire(self) -> None:
-        if not self._entries:
-            return
+        # Entries are kept in start order (a restarted key moves to the end): only the oldest can have expired.
         deadline = time.monotonic() - self.max_age_s
-        # Entries are inserted in time order; stop at the first young one.
-        for key, entry in list(self._entries.items()):
+        while self._entries:
+            key, entry = next(iter(self._entries.items()))
             if entry.started_at >= deadline:
-                break
+                return
             self.finish(key)
 
 
