@@ -45,6 +45,9 @@ class WorkerProc:
     served_name: str = "tiny"
     kv_cache_mib: int = 64
     extra: list[str] = field(default_factory=list)
+    """Arguments for vLLM (after ``--``)."""
+    wrapper_args: list[str] = field(default_factory=list)
+    """Arguments for the wrapper itself (e.g. ``--kv-events-port``)."""
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -65,7 +68,7 @@ class WorkerProc:
         argv = [sys.executable, "-m", "litellm_disagg.cli", "worker", "--role", self.role, "--model", str(self.model_dir),
                 "--served-model-name", self.served_name, "--port", str(self.port), "--worker-id", self.worker_id,
                 "--registry-dir", str(self.registry_dir), "--kv-cache-mib", str(self.kv_cache_mib), "--max-model-len", "1024",
-                "--heartbeat-interval", "1", "--drain-settle", "1.5", "--", "--max-num-seqs", "8", *self.extra]
+                "--heartbeat-interval", "1", "--drain-settle", "1.5", *self.wrapper_args, "--", "--max-num-seqs", "8", *self.extra]
         self.proc = spawn(argv, env=env, log=self.log)
         return self
 

@@ -1,0 +1,90 @@
+"""KV-aware routing in precise mode against real vLLM CPU workers: the workers publish KV events over ZMQ, the
+router's tokens (the model's own tokenizer and chat template, read by the proxy) hash to the same blocks the engines
+report, and a repeated prefix goes to the worker that holds it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import litellm
+import pytest
+
+from litellm_disagg.plugin import DisaggPlugin
+from litellm_disagg.settings import DisaggSettings, FileRegistrySettings
+
+from .support.net import free_port, metric
+from .support.procs import WorkerProc
+
+pytestmark = pytest.mark.vllm
+
+SYSTEM = "You are the archivist of a very long manual. " + " ".join(f"Section {i} says the value is {i * 7}." for i in range(45))
+
+
+@pytest.fixture(scope="module")
+def workers(tiny_model, tmp_path_factory):
+    base = tmp_path_factory.mktemp("kv-vllm")
+    registry = base / "registry"
+    procs = [WorkerProc("decode", tiny_model, registry, base, wrapper_args=["--kv-events-port", str(free_port())]) for _ in range(2)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.wait_ready()
+        yield registry, procs
+    finally:
+        for p in procs:
+            p.kill()
+
+
+async def test_repeated_prefix_goes_to_the_worker_holding_it(workers, tiny_model, caplog):
+    import logging
+    caplog.set_level(logging.DEBUG, logger="litellm_disagg.routing.strategy")
+    registry, procs = workers
+    plugin = DisaggPlugin()
+    router = litellm.Router(model_list=[], num_retries=0)
+    settings = DisaggSettings(
+        registry=FileRegistrySettings(path=str(registry), poll_interval_s=0.1),
+        # Predictions of where blocks land expire at once: routing must come from the engines' own events.
+        kv_routing={"enabled": True, "seed": 0, "disaggregation": {"mode": "never"}, "index": {"predicted_ttl_s": 0.05},
+                    "tokenizer": {"model_dirs": {"tiny": str(tiny_model)}}},
+    )
+    controller = await plugin.attach(router, settings)
+    try:
+        for _ in range(100):
+            if len(controller.pool.decode_candidates("tiny")) == 2:
+                break
+            await asyncio.sleep(0.1)
+
+        async def ask(user: str) -> None:
+            data = {"model": "tiny", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+                    "max_tokens": 2, "temperature": 0}
+            await plugin.async_pre_call_hook(None, None, data, "acompletion")
+            await router.acompletion(**data)
+
+        def served() -> list[float]:
+            return [metric(p.url, "vllm:request_success_total") for p in procs]
+
+        await ask("first question")
+        first = served()
+        holder = first.index(max(first))
+        # The engine's BlockStored events arrive and rebuild the same hashes the router computes.
+        for _ in range(50):
+            if sum(s.stored_blocks for s in controller.kv.event_stats().values()) > 0:
+                break
+            await asyncio.sleep(0.1)
+        assert sum(s.stored_blocks for s in controller.kv.event_stats().values()) > 0
+        await asyncio.sleep(0.2)  # the prediction made when routing the first request has expired
+        for i in range(4):
+            # A conversation's next turn comes after the last one ended and was accounted for: LiteLLM reports the
+            # end of a call from a background task and load is scraped every 0.25 s (a busier-looking holder with a
+            # small cached prefix can otherwise lose to an idle worker: that trade-off is the scorer weights' job).
+            await asyncio.sleep(1.0)
+            await ask(f"follow-up question number {i}")
+        after = served()
+        assert after[holder] - first[holder] == 4, (first, after, [r.getMessage()[:600] for r in caplog.records if 'decode' in r.getMessage()])
+        assert after[1 - holder] == first[1 - holder]
+        # ... and the holder really reused its cache.
+        hits = metric(procs[holder].url, "vllm:prompt_tokens_by_source_total", source="local_cache_hit")
+        assert hits >= 4 * 128
+    finally:
+        await plugin.detach()
