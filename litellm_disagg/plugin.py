@@ -17,8 +17,9 @@ import asyncio
 import logging
 import os
 import sys
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from litellm.integrations.custom_logger import CustomLogger
@@ -36,6 +37,10 @@ ENV_CONFIG = "LITELLM_DISAGG_CONFIG"
 
 
 class DisaggPlugin(CustomLogger):
+    # LiteLLM keeps one CustomLogger per class (it drops "duplicates" of the same type), so the events of every router
+    # in this process may reach any instance: each one hands them to all live controllers (call ids are unique).
+    _controllers: ClassVar[weakref.WeakSet[DisaggController]] = weakref.WeakSet()
+
     def __init__(self) -> None:
         super().__init__()
         self.controller: DisaggController | None = None
@@ -61,6 +66,7 @@ class DisaggPlugin(CustomLogger):
             await self.controller.stop()
         self.controller = DisaggController(router, settings, registry or make_registry(settings.registry))
         await self.controller.start()
+        DisaggPlugin._controllers.add(self.controller)
         return self.controller
 
     async def detach(self) -> None:
@@ -72,6 +78,7 @@ class DisaggPlugin(CustomLogger):
             self._follower.cancel()
             self._follower = None
         if self.controller is not None:
+            DisaggPlugin._controllers.discard(self.controller)
             await self.controller.stop()
             self.controller = None
 
@@ -110,11 +117,13 @@ class DisaggPlugin(CustomLogger):
 
     def _finished(self, kwargs: dict[str, Any], *, failed: bool) -> None:
         call_id = kwargs.get("litellm_call_id")
-        if self.controller is not None and isinstance(call_id, str):
-            litellm_params = kwargs.get("litellm_params")
-            model_info = litellm_params.get("model_info") if isinstance(litellm_params, dict) else None
-            worker_id = worker_id_of({"model_info": model_info}) if isinstance(model_info, dict) else None
-            self.controller.finished(call_id, worker_id=worker_id, failed=failed)
+        if not isinstance(call_id, str):
+            return
+        litellm_params = kwargs.get("litellm_params")
+        model_info = litellm_params.get("model_info") if isinstance(litellm_params, dict) else None
+        worker_id = worker_id_of({"model_info": model_info}) if isinstance(model_info, dict) else None
+        for controller in list(DisaggPlugin._controllers):
+            controller.finished(call_id, worker_id=worker_id, failed=failed)
 
 
 def _worker_fault(exc: object) -> bool:

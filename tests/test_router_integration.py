@@ -243,3 +243,22 @@ async def test_all_deployments_cooling_down_in_litellm_still_routes_our_group(st
     assert len(await recorded(decode)) == 1
     with pytest.raises(litellm.BadRequestError):  # a group that is not ours keeps LiteLLM's answer
         await stack.router.acompletion(model="plain", messages=[{"role": "user", "content": "x"}])
+
+
+async def test_events_end_in_flight_entries_whichever_plugin_instance_litellm_kept(stack):
+    # LiteLLM registers one CustomLogger per class: a second plugin instance's events arrive at the first one.
+    other = DisaggPlugin()
+    litellm.callbacks.append(other)
+    try:
+        await stack.add("p1", "prefill")
+        await stack.add("d1", "decode")
+        await stack.start()
+        for _ in range(3):
+            await chat(stack)
+        for _ in range(50):
+            if stack.controller.load.count("d1") == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert stack.controller.load.count("d1") == 0
+    finally:
+        litellm.callbacks.remove(other)

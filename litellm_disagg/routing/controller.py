@@ -90,8 +90,9 @@ class DisaggController:
         ended_on = self.load.finish(DECODE_KEY_PREFIX + call_id, worker_id)
         if self.kv is not None and ended_on is not None:
             self.kv.tokens.finish(DECODE_KEY_PREFIX + call_id)
-        if failed and (worker_id or ended_on):
-            self.cooldown.failed(worker_id or ended_on or "")
+        failed_worker = worker_id or ended_on
+        if failed and failed_worker is not None and self.pool.get(failed_worker) is not None:
+            self.cooldown.failed(failed_worker)
 
     def apply(self, pool: WorkerPool) -> None:
         self.pool = pool
