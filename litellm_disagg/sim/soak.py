@@ -152,7 +152,7 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
             sync_interval_s=0.1,
         )
         controller = await plugin.attach(router, disagg)
-        while len(controller.pool.decode_candidates(settings.model)) < config.decode:
+        while len(controller.pool.decode_candidates(settings.model)) < config.decode:  # noqa: ASYNC110 (a poll)
             await asyncio.sleep(0.05)
 
         start = time.monotonic()
