@@ -45,13 +45,28 @@ async def ask(plugin, router, user: str) -> None:
     data = {"model": "sim-model", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}], "max_tokens": 4}
     await plugin.async_pre_call_hook(None, None, data, "acompletion")
     await router.acompletion(**data)
+    # The next turn of a conversation comes after this one ended and LiteLLM's (background) success event told the
+    # router so; back to back, the holder would still look busy with this request.
+    # Likewise the workers' own /metrics, which the router scrapes every 0.25 s, must show them idle again.
+    controller = plugin.controller
+    lookup = controller.kv.scraper.lookup
+    for _ in range(300):
+        loads = [lookup()(w.worker_id) for w in controller.pool.workers]
+        if all(controller.load.count(w.worker_id) == 0 for w in controller.pool.workers) and not any(
+            load.running or load.waiting for load in loads
+        ):
+            return
+        await asyncio.sleep(0.01)
 
 
 def served(cluster: SimCluster, role: WorkerRole) -> dict[str, int]:
     return {w.worker_id: w.engine.stats.finished for w in cluster.workers_with(role)}
 
 
-async def test_repeated_prefix_goes_where_it_is_cached(tmp_path):
+async def test_repeated_prefix_goes_where_it_is_cached(tmp_path, caplog):
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="litellm_disagg.routing.strategy")
     cluster, plugin, router, controller = await routed_stack(tmp_path, {"mode": "always"})
     try:
         await ask(plugin, router, "first question")
@@ -63,7 +78,8 @@ async def test_repeated_prefix_goes_where_it_is_cached(tmp_path):
             await ask(plugin, router, f"follow-up {i}")
         decode_counts = served(cluster, WorkerRole.DECODE)
         prefill_counts = served(cluster, WorkerRole.PREFILL)
-        assert {k for k, v in decode_counts.items() if v} == first_decode, decode_counts
+        picks = [r.getMessage().split(": ", 1)[-1][:260] for r in caplog.records if "decode picked" in r.getMessage()]
+        assert {k for k, v in decode_counts.items() if v} == first_decode, (decode_counts, picks)
         assert {k for k, v in prefill_counts.items() if v} == first_prefill, prefill_counts
         stats = controller.kv.event_stats()
         assert sum(s.batches for s in stats.values()) > 0  # precise mode: the index was fed by events
