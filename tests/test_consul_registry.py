@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
 import json
 import logging
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +28,12 @@ from litellm_disagg.workers.consul_endpoint import ConsulEndpoint
 from litellm_disagg.workers.consul_http import ConsulDenied
 from litellm_disagg.workers.consul_registry import ConsulRegistry
 from litellm_disagg.workers.file_registry import FileRegistry
-from litellm_disagg.workers.registry import Registry, RegistryError
+from litellm_disagg.workers.registry import RegistryError
 from litellm_disagg.workers.registry_cli import add_registry_args, registry_settings_from_args
 from litellm_disagg.workers.registry_factory import make_registry
 
 from .consul_double import ConsulDouble
+from .support.registry_watch import WatchCollector, eventually
 
 FAST = dict(wait_s=2.0, min_query_interval_s=0.01, retry_min_s=0.05, retry_max_s=0.2, request_timeout_s=2.0)
 
@@ -49,37 +49,6 @@ def make_config(worker_id: str, **overrides: Any) -> RuntimeConfig:
 
 def discovery_gauge() -> float | None:
     return REGISTRY.get_sample_value("litellm_disagg_discovery_up")
-
-
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if isinstance(result, Awaitable):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
-
-
-class Watcher:
-    def __init__(self, registry: Registry):
-        self.queue: asyncio.Queue[list[RuntimeConfig]] = asyncio.Queue()
-        self.task = asyncio.create_task(self._run(registry))
-
-    async def _run(self, registry: Registry) -> None:
-        async for configs in registry.watch():
-            await self.queue.put(configs)
-
-    async def next(self, timeout_s: float = 2.0) -> list[RuntimeConfig]:
-        return await asyncio.wait_for(self.queue.get(), timeout_s)
-
-    async def stop(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
 
 
 @pytest.fixture
@@ -287,7 +256,7 @@ async def test_anonymous_writes_are_denied_and_reads_filtered(
 async def test_watch_uses_blocking_queries(double: ConsulDouble, registries: Callable[..., ConsulRegistry]) -> None:
     writer, reader = registries(double), registries(double, wait_s=1.5)
     await writer.publish(make_config("w-1"))
-    watch = Watcher(reader)
+    watch = WatchCollector(reader)
     try:
         assert [c.worker_id for c in await watch.next()] == ["w-1"]
         await writer.publish(make_config("w-1", state=WorkerState.DRAINING))
@@ -305,7 +274,7 @@ async def test_watch_uses_blocking_queries(double: ConsulDouble, registries: Cal
 async def test_index_reset_starts_over(double: ConsulDouble, registries: Callable[..., ConsulRegistry]) -> None:
     writer, reader = registries(double), registries(double, wait_s=1.0)
     await writer.publish(make_config("w-1"))
-    watch = Watcher(reader)
+    watch = WatchCollector(reader)
     try:
         await watch.next()
         await asyncio.sleep(0.2)  # the loops are now blocked on the current (high) index
@@ -326,7 +295,7 @@ async def test_zero_index_is_taken_as_one(double: ConsulDouble, registries: Call
     await registries(double).publish(make_config("w-1"))
     double.zero_index = True
     reader = registries(double, wait_s=0.5, min_query_interval_s=0.0)
-    watch = Watcher(reader)
+    watch = WatchCollector(reader)
     try:
         await watch.next()
         mark = len(double.requests)
@@ -349,7 +318,7 @@ async def test_invalid_entry_is_logged_once_across_polls(
             "Check": {"TTL": "60s", "Status": "passing"},
         })
     caplog.set_level(logging.WARNING)
-    watch = Watcher(reader)
+    watch = WatchCollector(reader)
     try:
         assert await watch.next() == []
         for n in range(3):  # each change re-reads the service, broken entry included
@@ -369,7 +338,7 @@ async def test_outage_keeps_last_snapshot_and_recovers(
     caplog.set_level(logging.WARNING)
     writer, reader = registries(double, check_ttl_s=30), registries(double)
     await writer.publish(make_config("w-1"))
-    watch = Watcher(reader)
+    watch = WatchCollector(reader)
     try:
         assert [c.worker_id for c in await watch.next()] == ["w-1"]
         assert reader.discovery_up and discovery_gauge() == 1.0
@@ -401,7 +370,7 @@ async def test_watch_waits_for_consul_that_is_down_at_start(
     reader = registries(double)
     with pytest.raises(RegistryError, match="unreachable"):
         await reader.snapshot()
-    watch = Watcher(reader)
+    watch = WatchCollector(reader)
     try:
         await asyncio.sleep(0.5)
         assert watch.queue.empty() and not watch.task.done()

@@ -7,7 +7,6 @@ test double for ``consul``) and that can write broken entries straight into that
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -26,6 +25,7 @@ from litellm_disagg.workers.file_registry import FileRegistry
 from litellm_disagg.workers.registry import Registry, RegistryError
 
 from .consul_double import ConsulDouble
+from .support.registry_watch import WatchCollector, eventually
 
 TTL_S = 0.6
 INVALID_KINDS = ["garbage", "wrong_types", "unknown_role", "missing_fields", "duplicate_id", "oversized"]
@@ -153,43 +153,6 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         yield harness
     finally:
         await harness.aclose()
-
-
-async def eventually(predicate: Any, timeout_s: float = 3.0, interval_s: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if await predicate():
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(interval_s)
-
-
-class WatchCollector:
-    """Runs ``registry.watch()`` in a task and queues what it yields."""
-
-    def __init__(self, registry: Registry):
-        self.queue: asyncio.Queue[list[RuntimeConfig]] = asyncio.Queue()
-        self.task = asyncio.create_task(self._run(registry))
-
-    async def _run(self, registry: Registry) -> None:
-        async for configs in registry.watch():
-            await self.queue.put(configs)
-
-    async def next(self, timeout_s: float = 2.0) -> list[RuntimeConfig]:
-        return await asyncio.wait_for(self.queue.get(), timeout_s)
-
-    async def until(self, predicate: Any, timeout_s: float = 2.0) -> list[RuntimeConfig]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            configs = await self.next(max(0.01, deadline - time.monotonic()))
-            if predicate(configs):
-                return configs
-
-    async def stop(self) -> None:
-        self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
 
 
 # -- the contract ------------------------------------------------------------------------------------------------------
