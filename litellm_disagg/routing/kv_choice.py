@@ -40,7 +40,8 @@ async def choose(kv: KVRouter, pool: WorkerPool, request: DisaggRequest, candida
     model = candidates[0].model
     prompt = await kv.prompt(request, model, worker_url=candidates[0].server_url) if request.splittable else None
     prefill_all = pool.prefill_candidates(model)
-    ctx = kv.context(prompt, candidates + [p for p in prefill_all if p not in candidates])
+    decode_ids = {c.worker_id for c in candidates}
+    ctx = kv.context(prompt, candidates + [p for p in prefill_all if p.worker_id not in decode_ids])
     decode_selection = kv.select_decode(prompt, candidates, ctx=ctx)
     decode = decode_selection.worker or candidates[0]
     prefill_candidates = [p for p in prefill_all if p.worker_id != decode.worker_id]

@@ -126,6 +126,8 @@ class FileRegistry:
     def _warn_once(self, path: Path, message: str, stat_mtime: float = 0.0) -> None:
         key = (path.name, stat_mtime)
         if key not in self._warned:
+            if len(self._warned) >= 4096:  # a broken entry rewritten forever must not grow this without bound
+                self._warned.clear()
             self._warned.add(key)
             logger.warning("registry %s: %s: %s", self.directory, path.name, message)
 
