@@ -203,7 +203,9 @@ class SimWorker:
 
     async def _start_server(self) -> None:
         assert self.engine is not None
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # proto=IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only when the listening socket
+        # says TCP, and without it every keep-alive POST waits ~40 ms (Nagle against delayed ACKs).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
         self.port = int(sock.getsockname()[1])
