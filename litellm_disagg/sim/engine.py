@@ -292,7 +292,7 @@ class SimEngine:
                     ok = True
                     self.stats.nixl_transfers += 1
                     self.stats.nixl_bytes_transferred += self.timing.transfer_bytes(num_tokens)
-                    self.stats.nixl_xfer_time.observe(simulated)
+                    self.stats.nixl_xfer_time.observe(self.timing.wall(simulated))  # seconds as a client sees them
             elif source is not None and lease is not None:
                 logger.warning("request %s: remote KV %s does not match its prompt", req.request_id, remote.request_id)
         except asyncio.CancelledError:

@@ -19,7 +19,11 @@ decode worker already holds stays local).
 Online estimates: ``seconds = overhead + tokens / rate``, fitted by least squares with exponential forgetting
 (``halflife_observations``), separately for prefill (tokens: prompt tokens computed plus tokens queued ahead when it
 was sent) and for KV transfer (tokens moved). The configured priors hold until observations replace them (see
-``OnlineLinearFit``), so estimates are defined from the start and converge to what is measured.
+``OnlineLinearFit``), so estimates are defined from the start and converge to what is measured. Prefill observations
+come one per remote prefill (the orchestrator times it); transfer observations come from the decode workers' own
+NIXL counters, aggregated between two scrapes (``observe_transfers``, fed by the load scraper): the mean request of
+the interval, weighted as the requests it stands for, so both estimates forget at the pace of requests.
+``estimates()`` returns the current lines.
 
 Overrides: ``mode: always`` / ``never``; in ``auto``, ``min_remote_prefill_tokens`` (when set) replaces the cost
 model by a plain threshold on the tokens the decode worker lacks.
@@ -27,6 +31,7 @@ model by a plain threshold on the tokens the decode worker lacks.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from litellm_disagg.routing.kv.settings import DisaggDecisionSettings
@@ -64,15 +69,19 @@ class OnlineLinearFit:
         self.observations = 0
         self._w = self._x = self._y = self._xx = self._xy = 0.0
 
-    def observe(self, tokens: float, seconds: float) -> None:
-        if tokens < 0 or seconds < 0 or seconds != seconds or tokens != tokens:
+    def observe(self, tokens: float, seconds: float, *, weight: float = 1.0) -> None:
+        """One observation; with ``weight``, that many observations of this size and duration in a row (a batch
+        known only by its mean; fractional weights allowed). ``observations`` counts calls."""
+        if not (tokens >= 0 and seconds >= 0 and weight > 0) or not math.isfinite(tokens + seconds + weight):
             return
         d = self.decay
-        self._w = self._w * d + 1.0
-        self._x = self._x * d + tokens
-        self._y = self._y * d + seconds
-        self._xx = self._xx * d + tokens * tokens
-        self._xy = self._xy * d + tokens * seconds
+        keep = d**weight  # ``weight`` updates in a row: old sums decay ``weight`` times, the new point adds up
+        added = (1.0 - keep) / (1.0 - d) if d < 1.0 else weight  # 1 + d + ... + d**(weight - 1); exactly 1 for 1
+        self._w = self._w * keep + added
+        self._x = self._x * keep + added * tokens
+        self._y = self._y * keep + added * seconds
+        self._xx = self._xx * keep + added * tokens * tokens
+        self._xy = self._xy * keep + added * tokens * seconds
         self.observations += 1
 
     def estimate(self) -> LinearEstimate:
@@ -95,6 +104,16 @@ class OnlineLinearFit:
             return LinearEstimate(overhead_s=mean_y, tokens_per_s=self.prior.tokens_per_s)
         slope = max((mean_y - intercept) / mean_x, _MIN_SECONDS_PER_TOKEN)
         return LinearEstimate(overhead_s=intercept, tokens_per_s=1.0 / slope)
+
+
+@dataclass(frozen=True)
+class DisaggEstimates:
+    """The decider's current lines, and how many observations (calls) each rests on (0: still the prior)."""
+
+    prefill: LinearEstimate
+    transfer: LinearEstimate
+    prefill_observations: int
+    transfer_observations: int
 
 
 @dataclass(frozen=True)
@@ -145,6 +164,27 @@ class DisaggDecider:
     def observe_transfer(self, tokens: int, seconds: float) -> None:
         """A decode worker pulled ``tokens`` tokens' worth of KV in ``seconds``."""
         self.transfer.observe(tokens, seconds)
+
+    def observe_transfers(
+        self, *, transfers: float, seconds: float, tokens: float, handles_per_request: float = 1.0
+    ) -> None:
+        """A decode worker's counters over an interval: ``transfers`` NIXL transfer handles completed, taking
+        ``seconds`` in all, and ``tokens`` prompt tokens arrived by transfer. Each request used
+        ``handles_per_request`` handles in parallel (one per tensor-parallel rank of the decode worker), so this is
+        ``transfers / handles_per_request`` requests of ``tokens`` / requests tokens each, each waiting the mean
+        handle's time ``seconds / transfers``: one observation of that mean request, weighted by the requests."""
+        if not (transfers > 0 and handles_per_request > 0 and tokens >= 0 and seconds >= 0):
+            return
+        requests = transfers / handles_per_request
+        self.transfer.observe(tokens / requests, seconds / transfers, weight=requests)
+
+    def estimates(self) -> DisaggEstimates:
+        return DisaggEstimates(
+            prefill=self.prefill.estimate(),
+            transfer=self.transfer.estimate(),
+            prefill_observations=self.prefill.observations,
+            transfer_observations=self.transfer.observations,
+        )
 
     # -- decision -----------------------------------------------------------------------------------------------------
 

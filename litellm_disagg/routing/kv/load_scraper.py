@@ -1,4 +1,4 @@
-"""LoadScraper: every worker's own load figures, read from its ``/metrics`` at a short interval.
+"""LoadScraper: every worker's own load figures, and its measured KV transfers, read from its ``/metrics``.
 
 One asyncio task scrapes all targets concurrently every ``interval_s``. Per worker it keeps the last values of
 ``vllm:num_requests_waiting``, ``vllm:num_requests_running`` and ``vllm:kv_cache_usage_perc`` (older vLLM:
@@ -8,6 +8,32 @@ and marks them stale; values older than ``stale_after_s`` read as stale too. Rea
 
 Parsing reads only the lines of the wanted metrics (a vLLM metrics page is mostly histograms), so 64 workers every
 250 ms cost little CPU on the event loop.
+
+KV transfers (what the decode side of vLLM's NixlConnector measured). The same scrape reads three cumulative
+counters, summed over engines: ``vllm:nixl_xfer_time_seconds`` (a histogram: ``_count`` transfers, ``_sum`` their
+seconds) and ``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`` (prompt tokens that arrived by
+transfer). Their increases between two successful scrapes of a worker make a ``TransferSample`` (transfers, seconds,
+tokens), handed to the ``on_transfers`` callback (``TransferDeltas`` does the bookkeeping; the router feeds the
+samples to the disaggregation decider; this module knows nothing of it):
+
+- The first scrape of a worker (or of a new URL for it) only sets the baseline. A counter that went down (the worker
+  restarted) or a changed ``process_start_time_seconds`` (where exported) sets a new baseline and drops whatever was
+  pending. A failed scrape changes nothing: the next successful one reports the increase over both intervals.
+- A worker without these metrics (aggregated, without NixlConnector, or a vLLM older than the ``source`` counter) gives
+  no samples; its load is read as before.
+- An increase is carried to the next scrapes until both transfers and tokens have grown: vLLM records a transfer's
+  time when the transfer completes but its tokens when the request gets its first token, a step or two later, so a
+  scrape can fall between the two. A one-sided increase still unmatched after ``transfer_carry_s`` is dropped (tokens
+  that came from elsewhere, e.g. another connector, must not pile onto a later transfer).
+
+Approximations. The counters are totals: a sample gives the mean time and the mean tokens per transfer of its
+interval, not each transfer's. vLLM counts NIXL transfer handles, not requests: each tensor-parallel rank of the
+decode worker reads its own shard of a request's KV (in parallel, so the request waits about as long as one handle
+takes), and a rank that reads from several prefill ranks (prefill TP larger than decode TP) has one handle per remote
+rank. So ``tokens / transfers`` is a request's tokens divided by its handles; the consumer corrects by the decode
+worker's tensor-parallel size (``DisaggDecider.observe_transfers``), exact when both sides have the same TP. A scrape
+that falls between a transfer and its tokens moves that request's tokens into the next sample: the totals stay
+right, single samples are noisy.
 """
 
 from __future__ import annotations
@@ -15,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,7 +54,13 @@ WAITING = "vllm:num_requests_waiting"
 RUNNING = "vllm:num_requests_running"
 KV_USAGE = "vllm:kv_cache_usage_perc"
 KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
-_WANTED = (WAITING, RUNNING, KV_USAGE, KV_USAGE_OLD)
+XFER_COUNT = "vllm:nixl_xfer_time_seconds_count"
+XFER_SECONDS = "vllm:nixl_xfer_time_seconds_sum"
+TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
+EXTERNAL_SOURCE = 'source="external_kv_transfer"'
+PROCESS_START = "process_start_time_seconds"
+_LOAD = (WAITING, RUNNING, KV_USAGE, KV_USAGE_OLD)
+_WANTED = frozenset((*_LOAD, XFER_COUNT, XFER_SECONDS, TOKENS_BY_SOURCE, PROCESS_START))
 
 
 @dataclass(frozen=True)
@@ -46,12 +79,35 @@ NOT_SCRAPED = ScrapedLoad()
 """What a worker that was never scraped reads as: nothing known (stale)."""
 
 
-def parse_metrics(text: str) -> ScrapedLoad | None:
-    """The wanted figures from a Prometheus text page; None if it has none of them."""
+@dataclass(frozen=True)
+class TransferTotals:
+    """A worker's cumulative KV transfer counters at one scrape, summed over its engines."""
+
+    transfers: float
+    """``vllm:nixl_xfer_time_seconds_count``: transfers (NIXL transfer handles) completed."""
+    seconds: float
+    """``vllm:nixl_xfer_time_seconds_sum``: their durations, added up."""
+    tokens: float
+    """``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}``: prompt tokens that arrived by transfer."""
+    process_start: float | None = None
+    """``process_start_time_seconds`` where the page has it: a change means a restart."""
+
+
+@dataclass(frozen=True)
+class TransferSample:
+    """What one worker's transfers did since the previous sample (see the module docstring for what it means)."""
+
+    worker_id: str
+    transfers: float
+    seconds: float
+    tokens: float
+
+
+def _parse(text: str) -> tuple[ScrapedLoad | None, TransferTotals | None]:
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
     for line in text.splitlines():
-        if not line.startswith("vllm:"):
+        if not line.startswith(("vllm:", PROCESS_START)):
             continue
         name_end = len(line)
         for stop in ("{", " "):
@@ -61,8 +117,10 @@ def parse_metrics(text: str) -> ScrapedLoad | None:
         name = line[:name_end]
         if name not in _WANTED:
             continue
-        value_part = line[line.rfind("}") + 1 :] if "}" in line else line[name_end:]
-        fields = value_part.split()
+        labels_end = line.rfind("}") + 1 if "}" in line else name_end
+        if name == TOKENS_BY_SOURCE and EXTERNAL_SOURCE not in line[name_end:labels_end]:
+            continue
+        fields = line[labels_end:].split()
         if not fields:
             continue
         try:
@@ -71,16 +129,89 @@ def parse_metrics(text: str) -> ScrapedLoad | None:
             continue
         sums[name] = sums.get(name, 0.0) + value
         counts[name] = counts.get(name, 0) + 1
-    if not sums:
+    load: ScrapedLoad | None = None
+    if any(name in sums for name in _LOAD):
+        usage_name = KV_USAGE if KV_USAGE in sums else KV_USAGE_OLD
+        usage = sums.get(usage_name, 0.0) / counts.get(usage_name, 1)
+        load = ScrapedLoad(
+            waiting=sums.get(WAITING, 0.0),
+            running=sums.get(RUNNING, 0.0),
+            kv_usage=min(1.0, max(0.0, usage)),
+            stale=False,
+        )
+    totals: TransferTotals | None = None
+    transfers, seconds, tokens = sums.get(XFER_COUNT), sums.get(XFER_SECONDS), sums.get(TOKENS_BY_SOURCE)
+    if (
+        transfers is not None
+        and seconds is not None
+        and tokens is not None
+        and all(math.isfinite(v) and v >= 0 for v in (transfers, seconds, tokens))
+    ):
+        start = sums.get(PROCESS_START) if counts.get(PROCESS_START) == 1 else None
+        totals = TransferTotals(transfers, seconds, tokens, start)
+    return load, totals
+
+
+def parse_metrics(text: str) -> ScrapedLoad | None:
+    """The wanted load figures from a Prometheus text page; None if it has none of them."""
+    return _parse(text)[0]
+
+
+def parse_transfer_totals(text: str) -> TransferTotals | None:
+    """The KV transfer counters from a Prometheus text page; None unless it has all three."""
+    return _parse(text)[1]
+
+
+class TransferDeltas:
+    """Per worker: cumulative ``TransferTotals`` in, ``TransferSample`` increases out (rules: the module docstring).
+    Pure bookkeeping; the caller passes the time."""
+
+    def __init__(self, *, carry_s: float = 5.0):
+        self.carry_s = carry_s
+        self._base: dict[str, TransferTotals] = {}
+        self._pending: dict[str, tuple[float, float, float]] = {}
+        self._pending_since: dict[str, float] = {}
+
+    def update(self, worker_id: str, totals: TransferTotals | None, now: float) -> TransferSample | None:
+        """The worker's counters at a successful scrape (None: its page has none); a sample when there is one."""
+        base = self._base.get(worker_id)
+        if totals is None or base is None or _restarted(base, totals):
+            self.forget(worker_id)
+            if totals is not None:
+                self._base[worker_id] = totals
+            return None
+        self._base[worker_id] = totals
+        since = self._pending_since.get(worker_id)
+        if since is not None and now - since > self.carry_s:
+            self._clear(worker_id)
+        transfers, seconds, tokens = self._pending.get(worker_id, (0.0, 0.0, 0.0))
+        transfers += totals.transfers - base.transfers
+        seconds += totals.seconds - base.seconds
+        tokens += totals.tokens - base.tokens
+        if transfers > 0 and tokens > 0:
+            self._clear(worker_id)
+            return TransferSample(worker_id, transfers, seconds, tokens)
+        if transfers > 0 or tokens > 0:  # one side so far: wait for the other
+            self._pending[worker_id] = (transfers, seconds, tokens)
+            self._pending_since.setdefault(worker_id, now)
+        else:
+            self._clear(worker_id)
         return None
-    usage_name = KV_USAGE if KV_USAGE in sums else KV_USAGE_OLD
-    usage = sums.get(usage_name, 0.0) / counts.get(usage_name, 1)
-    return ScrapedLoad(
-        waiting=sums.get(WAITING, 0.0),
-        running=sums.get(RUNNING, 0.0),
-        kv_usage=min(1.0, max(0.0, usage)),
-        stale=False,
-    )
+
+    def forget(self, worker_id: str) -> None:
+        self._base.pop(worker_id, None)
+        self._clear(worker_id)
+
+    def _clear(self, worker_id: str) -> None:
+        self._pending.pop(worker_id, None)
+        self._pending_since.pop(worker_id, None)
+
+
+def _restarted(base: TransferTotals, totals: TransferTotals) -> bool:
+    starts = (base.process_start, totals.process_start)
+    if None not in starts and starts[0] != starts[1]:
+        return True
+    return totals.transfers < base.transfers or totals.seconds < base.seconds or totals.tokens < base.tokens
 
 
 class LoadScraper:
@@ -92,7 +223,11 @@ class LoadScraper:
         stale_after_s: float = 2.0,
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_transfers: Callable[[TransferSample], None] | None = None,
+        transfer_carry_s: float = 5.0,
     ):
+        """``on_transfers``: called (on the event loop, never with an exception escaping) with each worker's
+        ``TransferSample``; ``transfer_carry_s``: how long a one-sided increase waits for its other side."""
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.stale_after_s = stale_after_s
@@ -102,15 +237,20 @@ class LoadScraper:
         self._targets: dict[str, str] = {}
         self._last: dict[str, ScrapedLoad] = {}
         self._task: asyncio.Task[None] | None = None
+        self.on_transfers = on_transfers
+        self._transfers = TransferDeltas(carry_s=transfer_carry_s)
 
     # -- targets ------------------------------------------------------------------------------------------------------
 
     def set_targets(self, targets: Mapping[str, str]) -> None:
         """``{worker_id: server_url}`` (the worker's HTTP root; ``/metrics`` is appended). Departed workers' values
-        are dropped."""
-        self._targets = dict(targets)
+        are dropped; a worker whose URL changed starts a new transfer baseline."""
+        previous, self._targets = self._targets, dict(targets)
         for gone in set(self._last) - set(self._targets):
             del self._last[gone]
+        for worker_id, url in previous.items():
+            if self._targets.get(worker_id) != url:
+                self._transfers.forget(worker_id)
 
     # -- reading ------------------------------------------------------------------------------------------------------
 
@@ -149,7 +289,7 @@ class LoadScraper:
         try:
             response = await client.get(f"{server_url}/metrics", timeout=self.timeout_s)
             response.raise_for_status()
-            parsed = parse_metrics(response.text)
+            parsed, totals = _parse(response.text)
             if parsed is None:
                 raise ValueError("no vLLM load metrics on the page")
         except (httpx.HTTPError, ValueError) as exc:
@@ -162,10 +302,18 @@ class LoadScraper:
                     base.waiting, base.running, base.kv_usage, base.scraped_at, stale=True
                 )
             return
-        if worker_id in self._targets:  # not removed while the scrape was in flight
-            self._last[worker_id] = ScrapedLoad(
-                parsed.waiting, parsed.running, parsed.kv_usage, self._clock(), stale=False
-            )
+        if worker_id not in self._targets:  # removed while the scrape was in flight
+            return
+        now = self._clock()
+        self._last[worker_id] = ScrapedLoad(parsed.waiting, parsed.running, parsed.kv_usage, now, stale=False)
+        if self._targets[worker_id] != server_url:  # moved to another URL meanwhile: not the same counters
+            return
+        sample = self._transfers.update(worker_id, totals, now)
+        if sample is not None and self.on_transfers is not None:
+            try:
+                self.on_transfers(sample)
+            except Exception:  # an observer's bug must not stop load collection
+                logger.exception("transfer observer failed on %s", sample)
 
     def start(self) -> None:
         if self._task is None:

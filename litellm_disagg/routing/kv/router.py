@@ -9,7 +9,7 @@ estimates) and exposes the pure pipeline over them::
     decide()          remote or local prefill                                 (no state change)
     routed()          record the choice: predicted / approximate index entries
     tokens            TokenLoadTracker: start/prefill_done/finish per request
-    decider           DisaggDecider: observe_prefill / observe_transfer
+    decider           DisaggDecider: observe_prefill; observe_transfers fed from the scraped NIXL counters
 
 Lifecycle: ``sync(pool)`` on every discovery snapshot (adds and removes workers: index slots, one event subscriber
 per worker with ``kv_events_endpoint`` in precise mode, scrape targets); ``start()`` once in the event loop (load
@@ -34,7 +34,7 @@ from litellm_disagg.routing.kv.block_hash import PromptBlocks
 from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, DisaggDecision, DisaggInputs
 from litellm_disagg.routing.kv.event_applier import ApplierStats, EventApplier
 from litellm_disagg.routing.kv.event_subscriber import BadEndpoint, KVEventSubscriber
-from litellm_disagg.routing.kv.load_scraper import LoadScraper
+from litellm_disagg.routing.kv.load_scraper import LoadScraper, TransferSample
 from litellm_disagg.routing.kv.prefix_index import IndexStats, PrefixIndex
 from litellm_disagg.routing.kv.scorers import ScoringContext, usable_cached_tokens
 from litellm_disagg.routing.kv.selection import Selection, Selector
@@ -78,12 +78,14 @@ class KVRouter:
         self.tokens = TokenLoadTracker(max_age_s=settings.load.inflight_max_age_s, clock=clock)
         self.decider = DisaggDecider(settings.disaggregation)
         self.tokenizer = PromptTokenizer(settings.tokenizer, client=http_client)
+        self._tp_sizes: dict[str, int] = {}
         self.scraper = LoadScraper(
             interval_s=settings.load.scrape_interval_s,
             timeout_s=settings.load.scrape_timeout_s,
             stale_after_s=settings.load.stale_after_s,
             client=http_client,
             clock=clock,
+            on_transfers=self._transfers_measured,
         )
         rng = rng or random.Random(settings.seed)
         self.prefill_selector = Selector(settings.prefill, rng=rng)
@@ -132,6 +134,7 @@ class KVRouter:
                     self._forget(worker.worker_id)
                 self._add(worker, want)
         self.scraper.set_targets({w.worker_id: w.server_url for w in pool.workers})
+        self._tp_sizes = {w.worker_id: w.tensor_parallel_size for w in pool.workers}
 
     # -- per request --------------------------------------------------------------------------------------------------
 
@@ -259,6 +262,15 @@ class KVRouter:
             self._spawn(subscriber.stop(), f"kv-events-stop-{worker_id}")
         else:
             subscriber.close()
+
+    def _transfers_measured(self, sample: TransferSample) -> None:
+        """A worker's NIXL counters moved (load_scraper): vLLM counts one transfer per TP rank of the decode side."""
+        self.decider.observe_transfers(
+            transfers=sample.transfers,
+            seconds=sample.seconds,
+            tokens=sample.tokens,
+            handles_per_request=self._tp_sizes.get(sample.worker_id, 1),
+        )
 
     def _context(self) -> zmq.asyncio.Context:
         if self._zmq is None:
