@@ -8,7 +8,9 @@ a ``DisaggController`` to the router (following the proxy if it ever replaces it
 
 - drops any client-supplied ``kv_transfer_params`` before the request reaches the router (the strategy drops it too);
 - records whether the call is a chat or a text completion, so the prefill uses the same endpoint as the decode;
-- tells the controller when a decode call ends, for its in-flight load.
+- tells the controller when a decode call's first token streams back (its prompt is computed: the prefill tokens
+  stop counting as queued) and when it ends (its last chunk, or LiteLLM's success/failure event, whichever comes
+  first; the events run in background tasks and can lag the client by a while), for its in-flight load.
 """
 
 from __future__ import annotations
@@ -109,6 +111,17 @@ class DisaggPlugin(CustomLogger):
             self.controller.keep_installed()
         return data
 
+    async def async_post_call_streaming_deployment_hook(
+        self, request_data: dict[str, Any], response_chunk: object, call_type: Any
+    ) -> object | None:
+        # Called by LiteLLM for every chunk of every stream: a dict lookup per live controller, nothing more.
+        call_id = request_data.get("litellm_call_id") if isinstance(request_data, dict) else None
+        if isinstance(call_id, str):
+            last = _finish_reason(response_chunk) is not None
+            for controller in list(DisaggPlugin._controllers):
+                controller.streamed(call_id, last=last)
+        return None
+
     async def async_log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
         self._finished(kwargs, failed=False)
 
@@ -124,6 +137,13 @@ class DisaggPlugin(CustomLogger):
         worker_id = worker_id_of({"model_info": model_info}) if isinstance(model_info, dict) else None
         for controller in list(DisaggPlugin._controllers):
             controller.finished(call_id, worker_id=worker_id, failed=failed)
+
+
+def _finish_reason(chunk: object) -> object | None:
+    choices = getattr(chunk, "choices", None)
+    if not choices:
+        return None
+    return getattr(choices[0], "finish_reason", None)
 
 
 def _worker_fault(exc: object) -> bool:

@@ -262,3 +262,20 @@ async def test_events_end_in_flight_entries_whichever_plugin_instance_litellm_ke
         assert stack.controller.load.count("d1") == 0
     finally:
         litellm.callbacks.remove(other)
+
+
+async def test_a_stream_ends_its_in_flight_entry_at_its_last_chunk(stack, monkeypatch):
+    # LiteLLM's success event runs in a background task and can lag the client; the last chunk must be enough.
+    async def no_event(self, *args, **kwargs):
+        return None
+
+    monkeypatch.setattr(DisaggPlugin, "async_log_success_event", no_event)
+    await stack.add("p1", "prefill")
+    await stack.add("d1", "decode")
+    await stack.start()
+    stream = await chat(stack, stream=True)
+    seen_during = []
+    async for _chunk in stream:
+        seen_during.append(stack.controller.load.count("d1"))
+    assert seen_during[0] == 1  # in flight while it streams
+    assert stack.controller.load.count("d1") == 0  # ended with the stream, no event needed

@@ -94,6 +94,16 @@ class DisaggController:
         if failed and failed_worker is not None and self.pool.get(failed_worker) is not None:
             self.cooldown.failed(failed_worker)
 
+    def streamed(self, call_id: str, *, last: bool) -> None:
+        """A chunk of a streaming decode call reached the proxy: the prompt is computed (its prefill tokens stop
+        counting as queued on the worker); with ``last`` (the chunk with a finish reason) the call is over for the
+        worker, before LiteLLM's success event (a background task) says so."""
+        key = DECODE_KEY_PREFIX + call_id
+        if last:
+            self.finished(call_id)
+        elif self.kv is not None:
+            self.kv.tokens.prefill_done(key)
+
     def apply(self, pool: WorkerPool) -> None:
         self.pool = pool
         if self.kv is not None:

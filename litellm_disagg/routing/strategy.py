@@ -7,6 +7,7 @@ live in those modules. Model groups that litellm-disagg does not manage are hand
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -107,7 +108,9 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         candidates = [w for wid in ours if (w := pool.get(wid)) is not None and w.routable and w.role.can_decode]
         request = DisaggRequest.from_router_call(messages=messages, request_kwargs=request_kwargs)
         candidates = self._cooldown.prefer_healthy(candidates)
+        chose_at = time.perf_counter()
         choice = await kv_choice.choose(self._kv, pool, request, candidates) if self._kv is not None and candidates else None
+        choice_ms = (time.perf_counter() - chose_at) * 1e3
         decode = choice.decode if choice is not None else self._picker.pick(candidates, self._load)
         if decode is None:
             raise unavailable(f"no ready decode worker for model {model!r}", model)
@@ -121,7 +124,7 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         if choice is not None and self._kv is not None:
             kv_choice.started(self._kv, choice, key)
             if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("request %s: %s", request.request_id, choice.explain())
+                logger.debug("request %s: chosen in %.1f ms: %s", request.request_id, choice_ms, choice.explain())
         try:
             plan = await self._orchestrator.plan(
                 pool,
