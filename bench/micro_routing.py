@@ -9,8 +9,16 @@ What it measures (p50 / p99 over many decisions, one process, no network):
 - ``decision``: hash + one lookup + load snapshot + scoring + selection for the decode pool and the prefill pool
   (``KVRouter.context`` over all 64 workers, then ``select_decode`` and ``select_prefill``), tokenization excluded;
   ``prefill``: the same for the prefill pool alone;
-- ``tokenize``: the model's tokenizer and chat template, in a thread (``KVRouter.prompt``), and ``decision+tokenize``.
-  With ``--model-dir`` that model's tokenizer; else the tiny test model if it is on disk, else a small BPE built here.
+- ``tokenize 1st turn``: a new conversation's first request (every prompt distinct: nothing cached), tokenized with
+  the model's tokenizer and chat template in a thread (``KVRouter.prompt``); ``tokenize 2nd turn``: the same
+  conversation's next request (its first turn's messages, an answer and a short follow-up), whose earlier messages
+  come from the token cache; each also as ``+decision`` (tokenize, then the decision above for both pools, the
+  index holding the first turn's blocks on a few workers as their KV events would report). With ``--model-dir``
+  that model's tokenizer; else the tiny test model if it is on disk, else a small BPE built here.
+
+Latencies are wall-clock; ``cpu`` is the CPU time of the same calls (the calling thread's; with tokenization, which
+runs in a worker thread, the whole process's), which leaves out the time other processes take the cores: on a
+shared machine, most of the wall-clock p99.
 
 Ingestion: vLLM-encoded KV event batches (msgpack bytes, as on the wire) for the same workers, measured as
 ``decode+apply`` (``decode_message`` + ``EventApplier.apply``: hash rebuild, translation, index update),
@@ -51,6 +59,8 @@ from litellm_disagg.routing.request import DisaggRequest  # noqa: E402
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState  # noqa: E402
 from litellm_disagg.transfer.vllm import Endpoint  # noqa: E402
 
+FOLLOW_UP_TOKENS = 160
+"""About how many tokens a second turn adds (an answer and a question)."""
 TINY_MODEL = Path.home() / ".cache" / "litellm-disagg" / "test-models" / "tiny-llama-v1"
 VOCAB = 32_000
 
@@ -60,20 +70,38 @@ def rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
 
 
-def percentiles(samples: list[float]) -> str:
-    samples = sorted(samples)
-    p50 = statistics.median(samples)
-    p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
-    return f"p50 {p50 * 1e6:8.1f} us   p99 {p99 * 1e6:8.1f} us"
+def percentiles(samples: list[float], cpu: list[float] | None = None) -> str:
+    def p50_p99(values: list[float]) -> tuple[float, float]:
+        values = sorted(values)
+        return statistics.median(values), values[min(len(values) - 1, int(len(values) * 0.99))]
+
+    p50, p99 = p50_p99(samples)
+    out = f"p50 {p50 * 1e6:8.1f} us   p99 {p99 * 1e6:8.1f} us"
+    if cpu:
+        cpu50, cpu99 = p50_p99(cpu)
+        out += f"   cpu p50 {cpu50 * 1e6:7.1f} p99 {cpu99 * 1e6:7.1f}"
+    return out
 
 
-def timed(fn: Callable[[], object], n: int) -> list[float]:
+class Timed:
+    """Wall-clock and CPU time of each call."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def __str__(self) -> str:
+        return percentiles(self.wall, self.cpu)
+
+
+def timed(fn: Callable[[], object], n: int) -> Timed:
     fn()
-    out = []
+    out = Timed()
     for _ in range(n):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         fn()
-        out.append(time.perf_counter() - start)
+        out.cpu.append(time.thread_time() - start_cpu)
+        out.wall.append(time.perf_counter() - start)
     return out
 
 
@@ -154,11 +182,15 @@ def tokenizer_dir(arg: str | None, scratch: Path) -> Path:
     return out
 
 
+def bench_words() -> list[str]:
+    return [w for w in Path(__file__).read_text().split() if w.isalpha()] or ["routing"]
+
+
 def text_of_tokens(directory: Path, target: int, rng: random.Random) -> str:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(directory)
-    words = [w for w in Path(__file__).read_text().split() if w.isalpha()] or ["routing"]
+    words = bench_words()
     text = ""
     while len(tok(text, add_special_tokens=False)["input_ids"]) < target:
         text += " ".join(rng.choice(words) for _ in range(max(16, (target - len(text) // 4) // 2))) + "\n"
@@ -233,44 +265,82 @@ def decisions(
     sample = router.select_prefill(PromptBlocks(prompts[0]), prefill)
     best = max(b.cached_tokens for b in sample.breakdown.values())
     size = len(prompts[0])
-    print(f"  {size:>5} tokens  hash      {percentiles(t_hash)}")
-    print(f"  {size:>5} tokens  lookup    {percentiles(t_lookup)}   (best overlap {best} tokens)")
-    print(f"  {size:>5} tokens  decision  {percentiles(t_decision)}   (hash + lookup + scoring both pools)")
-    print(f"  {size:>5} tokens  prefill   {percentiles(t_prefill)}   (hash + lookup + scoring the prefill pool)")
+    print(f"  {size:>5} tokens  hash      {t_hash}")
+    print(f"  {size:>5} tokens  lookup    {t_lookup}   (best overlap {best} tokens)")
+    print(f"  {size:>5} tokens  decision  {t_decision}   (hash + lookup + scoring both pools)")
+    print(f"  {size:>5} tokens  prefill   {t_prefill}   (hash + lookup + scoring the prefill pool)")
 
 
 async def tokenized_decisions(
     router: KVRouter, configs: list[RuntimeConfig], tok_dir: Path, size: int, n: int, rng: random.Random
 ) -> None:
-    """Chat requests of about ``size`` tokens: tokenization alone, and tokenization plus the decision."""
+    """Conversations of about ``size`` tokens: each one's first turn (nothing cached) and second turn (its earlier
+    messages cached), tokenization alone and followed by the decision for both pools."""
     prefill = [w for w in configs if w.role is WorkerRole.PREFILL]
     decode = [w for w in configs if w.role is WorkerRole.DECODE]
-    text = text_of_tokens(tok_dir, size - 16, rng)
-    requests = [
-        DisaggRequest(
-            endpoint=Endpoint.CHAT,
-            fields={"messages": [{"role": "user", "content": f"{i} {text}"}]},
-            request_id=f"r{i}",
-        )
-        for i in range(8)
-    ]
-    await router.prompt(requests[0], "m")  # load the tokenizer
-    t_tok, t_all = [], []
-    for i in range(n):
-        start = time.perf_counter()
-        prompt = await router.prompt(requests[i % len(requests)], "m")
-        mid = time.perf_counter()
+    words = bench_words()
+    text = text_of_tokens(tok_dir, size - 16 - FOLLOW_UP_TOKENS, rng)
+
+    def chat(i: int, messages: list[dict[str, str]]) -> DisaggRequest:
+        return DisaggRequest(endpoint=Endpoint.CHAT, fields={"messages": messages}, request_id=f"r{i}")
+
+    def decide(prompt: PromptBlocks | None) -> None:
         ctx = router.context(prompt, configs)
         router.select_decode(prompt, decode, ctx=ctx)
         router.select_prefill(prompt, prefill, ctx=ctx)
-        t_tok.append(mid - start)
-        t_all.append(time.perf_counter() - start)
-    got = await router.prompt(requests[0], "m")
-    tokens = got.num_tokens if got else 0
+
+    async def turn(request: DisaggRequest, tok: Timed, both: Timed) -> PromptBlocks | None:
+        start, start_cpu = time.perf_counter(), time.process_time()
+        prompt = await router.prompt(request, "m")
+        mid, mid_cpu = time.perf_counter(), time.process_time()
+        decide(prompt)
+        both.wall.append(time.perf_counter() - start)
+        both.cpu.append(time.process_time() - start_cpu)
+        tok.wall.append(mid - start)
+        tok.cpu.append(mid_cpu - start_cpu)
+        return prompt
+
+    cache = getattr(router.tokenizer, "token_cache", None)  # None: no token cache (or code from before it)
+    warm = 8  # the first multi-segment prompts of a tokenizer are also encoded whole, as a check: not timed
+    first_tok, first_all, second_tok, second_all = Timed(), Timed(), Timed(), Timed()
+    hits_before = (cache.stats.hit_tokens, cache.stats.hits, cache.stats.misses) if cache else (0, 0, 0)
+    tokens_first = tokens_second = 0
+    for i in range(-warm, n):
+        # The first turn: one long user message (distinct per conversation) and the generation prompt.
+        history = [{"role": "user", "content": f"conversation {i}: {text}"}]
+        first = await turn(chat(i, history), Timed() if i < 0 else first_tok, Timed() if i < 0 else first_all)
+        if first is not None:  # the engines that served it now hold its blocks
+            for worker in rng.sample(prefill, 2) + rng.sample(decode, 1):
+                router.index.stored(worker.worker_id, first.hashes(worker.block_size))
+        # The second turn: the first one's messages, the answer, a follow-up question.
+        answer = " ".join(rng.choice(words) for _ in range(FOLLOW_UP_TOKENS // 2))
+        question = " ".join(rng.choice(words) for _ in range(FOLLOW_UP_TOKENS // 4))
+        follow_up = history + [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
+        second = await turn(chat(i, follow_up), Timed() if i < 0 else second_tok, Timed() if i < 0 else second_all)
+        if i == 0:
+            tokens_first = first.num_tokens if first else 0
+            tokens_second = second.num_tokens if second else 0
+        if i == -1 and cache is not None:
+            hits_before = (cache.stats.hit_tokens, cache.stats.hits, cache.stats.misses)
+    label = f"{tok_dir.name} tokenizer, in a thread"
+    print(f"  {size:>5} tokens  tokenize 1st turn            {first_tok}   ({tokens_first} tokens, {label})")
+    print(f"  {size:>5} tokens  tokenize 1st turn + decision {first_all}")
     print(
-        f"  {size:>5} tokens  tokenize  {percentiles(t_tok)}   ({tokens} tokens, {tok_dir.name} tokenizer, in a thread)"
+        f"  {size:>5} tokens  tokenize 2nd turn            {second_tok}   ({tokens_second} tokens, earlier turn cached)"
     )
-    print(f"  {size:>5} tokens  decision+tokenize  {percentiles(t_all)}")
+    print(f"  {size:>5} tokens  tokenize 2nd turn + decision {second_all}")
+    if cache is not None:
+        hit_tokens, hits, misses = (
+            cache.stats.hit_tokens - hits_before[0],
+            cache.stats.hits - hits_before[1],
+            cache.stats.misses - hits_before[2],
+        )
+        print(
+            f"  {'':>5}         token cache: {hits} segment hits ({hit_tokens} tokens), {misses} misses; "
+            f"{cache.tokens:,} tokens cached in {len(cache)} segments"
+        )
+    else:
+        print(f"  {'':>5}         token cache: off")
 
 
 # -- ingestion ---------------------------------------------------------------------------------------------------------

@@ -69,3 +69,32 @@ def test_prompt_blocks_caches_per_block_size() -> None:
     assert prompt.hashes(16) is prompt.hashes(16)
     assert prompt.hashes(32) == chain_hashes(t, 32)
     assert PromptBlocks(t, namespace="x").hashes(16) == chain_hashes(t, 16, root_hash("x"))
+
+
+def reference_chain(token_ids: list[int], block_size: int, parent: int = ROOT) -> list[int]:
+    """The definition, spelled out: each full block's hash is ``hash((parent's hash, tuple of its tokens))``."""
+    t = tuple(token_ids)
+    out, h = [], parent
+    for start in range(0, len(t) - block_size + 1, block_size):
+        h = hash((h, t[start : start + block_size]))
+        out.append(h)
+    return out
+
+
+@pytest.mark.parametrize("n_tokens", [0, 1, 15, 16, 17, 100, 8192 + 7])
+@pytest.mark.parametrize("block_size", [1, 3, 16, 64])
+def test_hash_values_match_the_definition(n_tokens: int, block_size: int) -> None:
+    t = tokens(n_tokens, seed=n_tokens)
+    expected = reference_chain(t, block_size)
+    assert chain_hashes(t, block_size) == chain_hashes(tuple(t), block_size) == expected
+    assert chain_hashes(t, block_size, root_hash("ns")) == reference_chain(t, block_size, root_hash("ns"))
+    assert PromptBlocks(t).hashes(block_size) == expected
+    assert PromptBlocks(iter(t)).hashes(block_size) == expected  # type: ignore[arg-type]  # any iterable of ids
+
+
+def test_prompt_blocks_keeps_the_given_list() -> None:
+    t = tokens(40)
+    prompt = PromptBlocks(t)
+    assert prompt.token_ids is t and prompt.num_tokens == 40
+    generated = PromptBlocks(x for x in t)  # type: ignore[arg-type]
+    assert generated.token_ids == tuple(t) and generated.num_tokens == 40

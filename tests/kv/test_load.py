@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import random
+
 import httpx
 import pytest
 
-from litellm_disagg.routing.kv.load_scraper import LoadScraper, ScrapedLoad, parse_metrics
+from litellm_disagg.routing.kv.load_scraper import NOT_SCRAPED, LoadScraper, ScrapedLoad, parse_metrics
 from litellm_disagg.routing.kv.worker_load import TokenLoadTracker, WorkerLoad, collect_loads
 from litellm_disagg.routing.load import InflightTracker
 from tests.kv.helpers import worker
@@ -151,3 +153,70 @@ def test_collect_loads() -> None:
     assert loads["a"] == WorkerLoad("a", 50, 1, 64, 4)
     assert loads["b"].active_requests == 2.0
     assert collect_loads([worker("a")])["a"] == WorkerLoad("a", 1000)
+
+
+def reference_views(load: WorkerLoad) -> tuple[float, float, float]:
+    """``active_requests``, ``used_blocks`` and ``free_kv_fraction`` as first written, with ``max``."""
+    s = load.scraped
+    active = float(load.inflight_requests) if s.stale else max(float(load.inflight_requests), s.running + s.waiting)
+    used = max(float(load.inflight_decode_blocks), 0.0 if s.stale else s.kv_usage * load.kv_capacity_blocks)
+    free = 0.0 if load.kv_capacity_blocks <= 0 else max(0.0, 1.0 - used / load.kv_capacity_blocks)
+    return active, used, free
+
+
+def test_worker_load_views_equal_their_max_definition() -> None:
+    nan, inf = float("nan"), float("inf")
+    values = [0, 1, 3, 2.5, -1.0, nan, inf, 1e300]
+    rng = random.Random(0)
+    for _ in range(3000):
+        scraped = ScrapedLoad(
+            waiting=rng.choice(values),
+            running=rng.choice(values),
+            kv_usage=rng.choice(values),
+            stale=rng.random() < 0.3,
+        )
+        load = WorkerLoad("w", rng.choice([0, 1, 100, -5]), rng.choice([0, 1, 7]), 0, rng.choice([0, 5, 200]), scraped)
+        got = (load.active_requests, load.used_blocks, load.free_kv_fraction)
+        # repr: the same value and type (an int stays an int), NaN included
+        assert repr(got) == repr(reference_views(load)), load
+
+
+def reference_collect_loads(candidates, *, inflight=None, tokens=None, scraped=None):  # type: ignore[no-untyped-def]
+    """``collect_loads`` as first written."""
+    if scraped is None:
+        lookup = lambda _: NOT_SCRAPED  # noqa: E731
+    elif isinstance(scraped, dict):
+        lookup = lambda wid: scraped.get(wid, NOT_SCRAPED)  # noqa: E731
+    else:
+        lookup = scraped
+    if tokens is not None:
+        tokens.expire()
+    out = {}
+    for w in candidates:
+        prefill, decode = tokens.counts(w.worker_id) if tokens is not None else (0, 0)
+        count = inflight.count(w.worker_id) if inflight is not None else 0
+        out[w.worker_id] = WorkerLoad(w.worker_id, w.kv_capacity_blocks, count, prefill, decode, lookup(w.worker_id))
+    return out
+
+
+def test_collect_loads_equals_its_first_definition() -> None:
+    rng = random.Random(1)
+    workers = [worker(f"w{i}", capacity=rng.randrange(0, 500)) for i in range(40)]
+    inflight, tokens = InflightTracker(), TokenLoadTracker()
+    for i in range(60):
+        wid = rng.choice(workers).worker_id
+        inflight.start(f"r{i}", wid)
+        tokens.start(f"r{i}", wid, prefill_tokens=rng.randrange(0, 999), decode_blocks=rng.randrange(0, 99))
+    scraped = {w.worker_id: ScrapedLoad(running=rng.randrange(5), stale=rng.random() < 0.5) for w in workers[::2]}
+    for kwargs in (
+        {},
+        {"inflight": inflight},
+        {"tokens": tokens},
+        {"scraped": scraped},
+        {"scraped": lambda wid: scraped.get(wid, NOT_SCRAPED)},
+        {"inflight": inflight, "tokens": tokens, "scraped": scraped},
+    ):
+        got = collect_loads(workers, **kwargs)  # type: ignore[arg-type]
+        expected = reference_collect_loads(workers, **kwargs)
+        assert got == expected and list(got) == list(expected)
+        assert all(type(v) is WorkerLoad for v in got.values())

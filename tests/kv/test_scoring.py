@@ -187,3 +187,97 @@ def test_a_profile_needs_a_positive_weight() -> None:
         profile({"load": 0.0})
     with pytest.raises(ValueError):
         profile({"nonsense": 1.0})
+
+
+def reference_select(profile: ProfileSettings, ctx: ScoringContext, candidates: list, rng: random.Random):  # type: ignore[no-untyped-def,type-arg]
+    """``Selector.select`` and the scorers as first written: (worker id, how, totals, scores, costs)."""
+
+    def relative(costs: dict[str, float]) -> dict[str, float]:
+        lowest = min(costs.values())
+        return {wid: (lowest + 1.0) / (cost + 1.0) for wid, cost in costs.items()}
+
+    def score(name: str) -> tuple[dict[str, float], dict | None]:  # type: ignore[type-arg]
+        if name == "prefix_overlap":
+            if ctx.prompt_tokens <= 0:
+                return {w.worker_id: 0.0 for w in candidates}, None
+            return {w.worker_id: ctx.cached(w.worker_id) / ctx.prompt_tokens for w in candidates}, None
+        if name == "load":
+            return relative({w.worker_id: ctx.load(w).active_requests for w in candidates}), None
+        if name == "kv_free":
+            return {w.worker_id: ctx.load(w).free_kv_fraction for w in candidates}, None
+        costs = {w.worker_id: kv_cost(ctx, w, profile.cost) for w in candidates}
+        return relative({wid: t.total for wid, t in costs.items()}), costs
+
+    ids = [w.worker_id for w in candidates]
+    totals = dict.fromkeys(ids, 0.0)
+    scores, costs = {}, None
+    for name, weight in profile.weights.items():
+        if weight <= 0:
+            continue
+        values, found = score(name)
+        costs = found if found is not None else costs
+        clamped = {}
+        for wid in ids:
+            value = values.get(wid, 0.0)
+            value = value if 0.0 <= value <= 1.0 else 1.0 if value > 1.0 else 0.0
+            clamped[wid] = value
+            totals[wid] += weight * value
+        scores[name] = clamped
+    if len(candidates) == 1:
+        return candidates[0].worker_id, "only", totals, scores, costs
+    best = max(totals.values())
+    tied = [w for w in candidates if best - totals[w.worker_id] <= 1e-9]
+    if len(tied) == 1:
+        return tied[0].worker_id, "best", totals, scores, costs
+    active = {w.worker_id: ctx.load(w).active_requests for w in tied}
+    fewest = min(active.values())
+    least = [w for w in tied if active[w.worker_id] == fewest]
+    if len(least) == 1:
+        return least[0].worker_id, "tie_load", totals, scores, costs
+    return rng.choice(least).worker_id, "tie_random", totals, scores, costs
+
+
+def test_selection_equals_its_first_definition() -> None:
+    rng = random.Random(11)
+    names = ["prefix_overlap", "load", "kv_free", "kv_cost"]
+    pool = [worker(f"w{i}", capacity=rng.choice([0, 100, 1000]), block_size=rng.choice([16, 32])) for i in range(40)]
+    for round_ in range(400):
+        weights = {n: rng.choice([0.0, 0.25, 1.0, 3.0]) for n in rng.sample(names, rng.randrange(1, 5))}
+        if not any(weights.values()):
+            weights["load"] = 1.0
+        cost = CostWeights(prefill=rng.choice([0.0, 1.0]), decode=rng.choice([0.0, 1.0]), active=rng.random())
+        profile = ProfileSettings(weights=weights, cost=cost)  # type: ignore[arg-type]
+        candidates = rng.sample(pool, rng.randrange(1, 12))
+        if round_ % 10 == 0:
+            candidates.append(candidates[0])  # a duplicate candidate counts twice, as it always did
+        loads = [
+            load(
+                w.worker_id,
+                capacity=w.kv_capacity_blocks,
+                inflight=rng.choice([0, 0, 1, 3]),
+                prefill_tokens=rng.choice([0, 0, 500]),
+                decode_blocks=rng.choice([0, 10]),
+                running=rng.choice([0, 2]),
+                kv_usage=rng.choice([0.0, 0.5, float("nan")]),
+                stale=rng.random() < 0.5,
+            )
+            for w in candidates[::2]
+        ]
+        prompt = rng.choice([0, 100, 4096])
+        cached = {w.worker_id: rng.choice([0, 48, 4096, 9999]) for w in candidates[1::2]}
+        context = ctx(prompt, cached, *loads)
+        seed = rng.random()
+        got = Selector(profile, rng=random.Random(seed)).select(context, candidates)
+        expected = reference_select(profile, context, candidates, random.Random(seed))
+        scores = {name: {wid: b.scores[name] for wid, b in got.breakdown.items()} for name in got._scores}
+        costs = None if got._costs is None else dict(got._costs)
+        assert (got.worker_id, got.how, got.totals, scores, costs) == expected
+        assert list(got.totals) == list(expected[2])
+
+
+def test_usable_cached_tokens_equals_its_min_definition() -> None:
+    for blocks in range(0, 12):
+        for block_size in (1, 3, 16):
+            for prompt in range(-1, 70):
+                expected = 0 if prompt <= 0 else min(blocks, (prompt - 1) // block_size) * block_size
+                assert usable_cached_tokens(blocks, block_size, prompt) == expected

@@ -22,6 +22,7 @@ def test_defaults() -> None:
     assert s.prefill.weights == {"kv_cost": 1.0} and s.prefill.cost.decode == 0.0
     assert s.decode.weights == {"kv_cost": 1.0, "kv_free": 0.25}
     assert s.disaggregation.mode == "auto" and s.disaggregation.min_remote_prefill_tokens is None
+    assert s.tokenizer.max_cached_tokens == 1_000_000
 
 
 def test_readme_example_validates_and_matches_the_defaults() -> None:
@@ -48,6 +49,7 @@ def test_readme_example_validates_and_matches_the_defaults() -> None:
         {"disaggregation": {"mode": "sometimes"}},
         {"disaggregation": {"min_remote_prefill_tokens": -5}},
         {"load": {"scrape_interval_s": 0}},
+        {"tokenizer": {"max_cached_tokens": -1}},
     ],
 )
 def test_invalid_sections_are_refused(section: dict[str, object]) -> None:
@@ -69,6 +71,7 @@ def test_public_api_is_complete() -> None:
         "scorers",
         "selection",
         "settings",
+        "token_cache",
         "tokenizer",
         "worker_load",
     }

@@ -48,13 +48,22 @@ class ScoringContext:
         found = self.loads.get(worker.worker_id)
         return found if found is not None else WorkerLoad(worker.worker_id, worker.kv_capacity_blocks)
 
+    def loads_of(self, candidates: Sequence[RuntimeConfig]) -> list[WorkerLoad]:
+        """``[load(w) for w in candidates]``, in one pass."""
+        get = self.loads.get
+        return [
+            found if (found := get(w.worker_id)) is not None else WorkerLoad(w.worker_id, w.kv_capacity_blocks)
+            for w in candidates
+        ]
+
 
 def usable_cached_tokens(cached_blocks: int, block_size: int, prompt_tokens: int) -> int:
     """Tokens a worker holding ``cached_blocks`` leading blocks can skip: vLLM computes at least the last prompt
     token, so a hit never covers the prompt's last block when the prompt fills it exactly."""
     if prompt_tokens <= 0:
         return 0
-    return min(cached_blocks, (prompt_tokens - 1) // block_size) * block_size
+    limit = (prompt_tokens - 1) // block_size
+    return (limit if limit < cached_blocks else cached_blocks) * block_size  # min(cached_blocks, limit)
 
 
 class Scorer(Protocol):
@@ -67,16 +76,20 @@ class PrefixOverlapScorer:
     name: ScorerName = "prefix_overlap"
 
     def score(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, float]:
-        if ctx.prompt_tokens <= 0:
+        prompt_tokens = ctx.prompt_tokens
+        if prompt_tokens <= 0:
             return {w.worker_id: 0.0 for w in candidates}
-        return {w.worker_id: ctx.cached(w.worker_id) / ctx.prompt_tokens for w in candidates}
+        cached = ctx.cached_tokens.get
+        return {w.worker_id: cached(w.worker_id, 0) / prompt_tokens for w in candidates}
 
 
 class LoadScorer:
     name: ScorerName = "load"
 
     def score(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, float]:
-        active = {w.worker_id: ctx.load(w).active_requests for w in candidates}
+        active = {
+            w.worker_id: load.active_requests for w, load in zip(candidates, ctx.loads_of(candidates), strict=True)
+        }
         return _relative(active)
 
 
@@ -84,7 +97,9 @@ class KVFreeScorer:
     name: ScorerName = "kv_free"
 
     def score(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, float]:
-        return {w.worker_id: ctx.load(w).free_kv_fraction for w in candidates}
+        return {
+            w.worker_id: load.free_kv_fraction for w, load in zip(candidates, ctx.loads_of(candidates), strict=True)
+        }
 
 
 class CostTerms(NamedTuple):
@@ -114,7 +129,8 @@ class KVCostScorer:
         self.weights = weights
 
     def costs(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, CostTerms]:
-        return {w.worker_id: kv_cost(ctx, w, self.weights) for w in candidates}
+        weights = self.weights
+        return {w.worker_id: kv_cost(ctx, w, weights) for w in candidates}
 
     def score(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, float]:
         return self.scores_of(self.costs(ctx, candidates))
@@ -128,8 +144,8 @@ def _relative(costs: Mapping[str, float]) -> dict[str, float]:
     """Lowest cost scores 1, the others ``(lowest + 1) / (cost + 1)``."""
     if not costs:
         return {}
-    lowest = min(costs.values())
-    return {wid: (lowest + 1.0) / (cost + 1.0) for wid, cost in costs.items()}
+    top = min(costs.values()) + 1.0
+    return {wid: top / (cost + 1.0) for wid, cost in costs.items()}
 
 
 def make_scorer(name: ScorerName, profile: ProfileSettings) -> Scorer:

@@ -14,6 +14,7 @@ state except the RNG's: it answers "which worker would you pick"; recording the 
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Sequence
@@ -24,6 +25,9 @@ from litellm_disagg.routing.kv.settings import ProfileSettings
 from litellm_disagg.runtime_config import RuntimeConfig
 
 TIE_EPSILON = 1e-9
+
+_ZEROS = itertools.repeat(0.0)
+"""The default of every ``values.get`` (an endless iterator: ``map`` stops with the worker ids)."""
 
 How = Literal["none", "only", "best", "tie_load", "tie_random", "sampled"]
 
@@ -121,9 +125,9 @@ class Selector:
             else:
                 values = scorer.score(ctx, candidates)
             clamped: dict[str, float] = {}
-            for wid in ids:
-                value = values.get(wid, 0.0)
-                value = value if 0.0 <= value <= 1.0 else 1.0 if value > 1.0 else 0.0  # NaN -> 0
+            for wid, value in zip(ids, map(values.get, ids, _ZEROS), strict=False):
+                if not 0.0 <= value <= 1.0:
+                    value = 1.0 if value > 1.0 else 0.0  # NaN -> 0
                 clamped[wid] = value
                 totals[wid] += weight * value
             scores[scorer.name] = clamped
@@ -139,7 +143,7 @@ class Selector:
         tied = [w for w in candidates if best - totals[w.worker_id] <= TIE_EPSILON]
         if len(tied) == 1:
             return selection(tied[0], "best")
-        active = {w.worker_id: ctx.load(w).active_requests for w in tied}
+        active = {w.worker_id: load.active_requests for w, load in zip(tied, ctx.loads_of(tied), strict=True)}
         fewest = min(active.values())
         least = [w for w in tied if active[w.worker_id] == fewest]
         if len(least) == 1:

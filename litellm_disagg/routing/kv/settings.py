@@ -60,6 +60,13 @@ class TokenizerSettings(_Strict):
     timeout_s: Positive = 2.0
     """Timeout of one ``/tokenize`` call; past it the request is routed on load alone."""
     max_cached_tokenizers: Annotated[int, Field(ge=1)] = 8
+    max_cached_tokens: Annotated[int, Field(ge=0)] = 1_000_000
+    """Bound of the token cache, in tokens, shared by all local tokenizers. Chat prompts are tokenized per segment
+    (cut before each special token of the template, e.g. each message's ``<|im_start|>``) and each segment's ids
+    are cached by its text, so the next turn of a conversation only tokenizes its new messages (the ids are the same
+    as a whole tokenization's: checked per tokenizer at load). The least recently used segments go first. Memory:
+    about 40 bytes per cached token (the ids and the segment's text), so the default holds about 120 conversations
+    of 8k tokens in about 40 MB. 0: no cache, every prompt is tokenized whole."""
 
 
 class LoadSettings(_Strict):

@@ -9,6 +9,9 @@ Two ways, tried in order:
    text completions are tokenized with ``add_special_tokens`` default true; a prompt of token ids is used as is.
    Loading and tokenizing run in a worker thread (``asyncio.to_thread``): the event loop never blocks. Loaded
    tokenizers are cached (LRU); a directory that fails to load is retried after ``RETRY_LOAD_S``.
+   Text prompts without special tokens (chat requests by default) are tokenized segment-wise through a token cache
+   (``token_cache.py``): a conversation's next turn only tokenizes its new messages, with the same ids a whole
+   encoding gives (checked per tokenizer at load; ``max_cached_tokens: 0`` turns it off).
 2. **Remote**, when there is no directory or the local path fails and ``http_fallback`` is on: the worker's
    ``POST /tokenize`` (vLLM's API: ``{"model", "messages", ...}`` or ``{"model", "prompt"}`` -> ``{"tokens"}``).
 
@@ -31,6 +34,7 @@ from typing import Any
 import httpx
 
 from litellm_disagg.routing.kv.settings import TokenizerSettings
+from litellm_disagg.routing.kv.token_cache import SegmentEncoder, TokenCache
 from litellm_disagg.transfer.vllm import Endpoint
 
 logger = logging.getLogger(__name__)
@@ -57,6 +61,8 @@ class Unsupported(ValueError):
 class _Loaded:
     tokenizer: Any
     lock: threading.Lock
+    segments: SegmentEncoder | None = None
+    """Segment-wise encoding through the token cache (None: whole encoding only)."""
 
 
 class PromptTokenizer:
@@ -67,6 +73,10 @@ class PromptTokenizer:
         self._loaded: OrderedDict[str, _Loaded] = OrderedDict()
         self._failed: dict[str, float] = {}
         self._loading: dict[str, asyncio.Lock] = {}
+        self.token_cache: TokenCache | None = (
+            TokenCache(self.settings.max_cached_tokens) if self.settings.max_cached_tokens > 0 else None
+        )
+        """Segment token ids, shared by every local tokenizer (None when ``max_cached_tokens`` is 0)."""
 
     async def tokenize(
         self,
@@ -133,7 +143,12 @@ class PromptTokenizer:
                 self._failed[model] = time.monotonic()
                 return None
             self._failed.pop(model, None)
-            loaded = self._loaded[model] = _Loaded(tokenizer, threading.Lock())
+            segments = None
+            if self.token_cache is not None:
+                segments = await asyncio.to_thread(SegmentEncoder.build, tokenizer, self.token_cache)
+                if segments is None:
+                    logger.info("model %s: prompts are tokenized whole (no token cache)", model)
+            loaded = self._loaded[model] = _Loaded(tokenizer, threading.Lock(), segments)
             while len(self._loaded) > self.settings.max_cached_tokenizers:
                 self._loaded.popitem(last=False)
             return loaded
@@ -186,16 +201,19 @@ def _load(directory: str) -> Any:
 
 def _encode_locked(loaded: _Loaded, endpoint: Endpoint, fields: Mapping[str, Any]) -> list[int]:
     with loaded.lock:  # a Rust tokenizer shared across threads can fail with "Already borrowed"
-        return encode(loaded.tokenizer, endpoint, fields)
+        return encode(loaded.tokenizer, endpoint, fields, segments=loaded.segments)
 
 
-def encode(tokenizer: Any, endpoint: Endpoint, fields: Mapping[str, Any]) -> list[int]:
-    """What vLLM's OpenAI server feeds the engine for this request, with the model's own tokenizer."""
+def encode(
+    tokenizer: Any, endpoint: Endpoint, fields: Mapping[str, Any], *, segments: SegmentEncoder | None = None
+) -> list[int]:
+    """What vLLM's OpenAI server feeds the engine for this request, with the model's own tokenizer (``segments``:
+    that tokenizer's segment encoder, used for text without special tokens; same ids, new segments only)."""
     if endpoint is Endpoint.COMPLETIONS:
         prompt = fields.get("prompt")
         if not isinstance(prompt, str):
             raise Unsupported("prompt is not one string")
-        return _ids(tokenizer(prompt, add_special_tokens=_flag(fields, "add_special_tokens", True)))
+        return _text_ids(tokenizer, prompt, _flag(fields, "add_special_tokens", True), segments)
     messages = [_text_message(m) for m in fields.get("messages") or []]
     kwargs: dict[str, Any] = dict(fields.get("chat_template_kwargs") or {})
     kwargs.update(
@@ -209,7 +227,15 @@ def encode(tokenizer: Any, endpoint: Endpoint, fields: Mapping[str, Any]) -> lis
     text = tokenizer.apply_chat_template(messages, **kwargs)
     if not isinstance(text, str):
         raise ValueError(f"chat template rendered {type(text).__name__}, expected text")
-    return _ids(tokenizer(text, add_special_tokens=_flag(fields, "add_special_tokens", False)))
+    return _text_ids(tokenizer, text, _flag(fields, "add_special_tokens", False), segments)
+
+
+def _text_ids(tokenizer: Any, text: str, add_special_tokens: bool, segments: SegmentEncoder | None) -> list[int]:
+    if segments is not None and not add_special_tokens:
+        ids = segments.encode(text)
+        if ids is not None:
+            return ids
+    return _ids(tokenizer(text, add_special_tokens=add_special_tokens))
 
 
 def _flag(fields: Mapping[str, Any], key: str, default: bool) -> bool:

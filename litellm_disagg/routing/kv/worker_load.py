@@ -32,26 +32,35 @@ class WorkerLoad(NamedTuple):
     """KV blocks of the requests this router has decoding there."""
     scraped: ScrapedLoad = NOT_SCRAPED
 
+    # The properties below spell ``max(a, b)`` as ``b if b > a else a``: the same value (``max`` keeps the first of
+    # equal values and never prefers a NaN second argument) without a builtin call; dozens run per decision.
+
     @property
     def active_requests(self) -> float:
         """Requests running or queued there: the larger of the router's count and the engine's (which also sees
         other routers' requests, but lags by up to a scrape interval)."""
         scraped = self.scraped
+        ours = float(self.inflight_requests)
         if scraped.stale:
-            return float(self.inflight_requests)
-        return max(float(self.inflight_requests), scraped.running + scraped.waiting)
+            return ours
+        engine = scraped.running + scraped.waiting
+        return engine if engine > ours else ours
 
     @property
     def used_blocks(self) -> float:
         """KV blocks in use: the larger of the router's in-flight decode blocks and the engine's reported usage."""
-        engine = 0.0 if self.scraped.stale else self.scraped.kv_usage * self.kv_capacity_blocks
-        return max(float(self.inflight_decode_blocks), engine)
+        scraped = self.scraped
+        engine = 0.0 if scraped.stale else scraped.kv_usage * self.kv_capacity_blocks
+        ours = float(self.inflight_decode_blocks)
+        return engine if engine > ours else ours
 
     @property
     def free_kv_fraction(self) -> float:
-        if self.kv_capacity_blocks <= 0:
+        capacity = self.kv_capacity_blocks
+        if capacity <= 0:
             return 0.0
-        return max(0.0, 1.0 - self.used_blocks / self.kv_capacity_blocks)
+        free = 1.0 - self.used_blocks / capacity
+        return free if free > 0.0 else 0.0
 
 
 @dataclass
@@ -102,6 +111,11 @@ class TokenLoadTracker:
         """``(prefill tokens, decode blocks)`` without expiring first (call ``expire()`` once per decision)."""
         return self._prefill.get(worker_id, 0), self._decode.get(worker_id, 0)
 
+    def lookups(self) -> tuple[Callable[[str, int], int], Callable[[str, int], int]]:
+        """``counts`` as two lookups (``get(worker_id, 0)``) of the prefill tokens and the decode blocks, for many
+        workers at one instant (no expiry either)."""
+        return self._prefill.get, self._decode.get
+
     @staticmethod
     def _sub(counter: Counter[str], worker_id: str, amount: int) -> None:
         if amount:
@@ -139,16 +153,29 @@ def collect_loads(
         lookup = scraped
     if tokens is not None:
         tokens.expire()
+        prefill_of, decode_of = tokens.lookups()
+    else:
+        prefill_of = decode_of = _zero
+    # ``tuple.__new__`` builds the same named tuple as ``WorkerLoad(...)`` without the Python-level ``__new__`` that
+    # namedtuple generates (64 snapshots per decision).
+    make = tuple.__new__
     out: dict[str, WorkerLoad] = {}
-    for worker in candidates:
-        wid = worker.worker_id
-        prefill, decode = tokens.counts(wid) if tokens is not None else (0, 0)
-        out[wid] = WorkerLoad(
-            wid,
-            worker.kv_capacity_blocks,
-            inflight.count(wid) if inflight is not None else 0,
-            prefill,
-            decode,
-            lookup(wid),
-        )
+    if inflight is None:
+        for worker in candidates:
+            wid = worker.worker_id
+            out[wid] = make(
+                WorkerLoad, (wid, worker.kv_capacity_blocks, 0, prefill_of(wid, 0), decode_of(wid, 0), lookup(wid))
+            )
+    else:
+        count = inflight.count
+        for worker in candidates:
+            wid = worker.worker_id
+            out[wid] = make(
+                WorkerLoad,
+                (wid, worker.kv_capacity_blocks, count(wid), prefill_of(wid, 0), decode_of(wid, 0), lookup(wid)),
+            )
     return out
+
+
+def _zero(_worker_id: str, default: int) -> int:
+    return default

@@ -1,0 +1,292 @@
+"""Incremental tokenization: a prompt that extends (or shares pieces with) one seen before only tokenizes what is new.
+
+A multi-turn conversation resends its whole history each turn; re-tokenizing 8k tokens costs 10-20 ms. Here the
+rendered prompt is cut into **segments**, each starting at an occurrence of one of the tokenizer's added tokens (a
+chat template's ``<|im_start|>``, ``<|eot_id|>``, ``</s>`` ...), each segment is encoded on its own, through a bounded
+LRU cache keyed by the segment's text, and the ids are concatenated. A new turn then reuses the segments of every
+earlier message and encodes only its own.
+
+Why that gives exactly the ids a whole encoding gives (Hugging Face ``tokenizers``, the library of every "fast"
+tokenizer): encoding first finds the added tokens in the raw text (leftmost-longest, non-overlapping, one scan
+from the start) and splits the text around them; every piece in between is then normalized, pre-tokenized and
+modelled on its own. So if each cut falls where that scan finds an added token, cutting there changes nothing:
+
+- the cuts are the starts of that scan's matches (this module repeats the scan: one regex, alternatives longest
+  first), so the scan restarted at a cut finds the same matches up to the next cut;
+- a match whose token strips whitespace on its left (``lstrip``) could reach back over a cut: such tokens are never
+  cut at; a token that strips on its right stops at the next cut, which starts with no whitespace (tokens whose text
+  starts with whitespace are never cut at either); ``single_word`` tokens look at their neighbours across a cut: a
+  tokenizer with one (matched on raw text) is not segmented at all;
+- the one position-dependent step of the pipeline we know of is "is this piece at the start of the text" (``Metaspace``
+  ``prepend_scheme: first``): a piece after a cut follows the cut's added token, so it is never at the start either
+  way;
+- the post-processor adds nothing without special tokens: segmenting is only used for ``add_special_tokens=False``
+  (chat requests, vLLM's default), and only when the tokenizer has no truncation, padding or
+  ``split_special_tokens``.
+
+Checks on top of that reasoning: ``SegmentEncoder.build`` compares segment-wise with whole encoding on probe texts
+(several rendered chat messages, every cut token between words, spaces and newlines, non-ASCII text) and returns None
+(whole encoding only) on any difference; and the first ``VERIFY_FIRST`` segmented prompts of each tokenizer are also
+encoded whole and compared: a difference disables segmenting for that tokenizer (and the whole encoding is used).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+VERIFY_FIRST = 4
+"""Segmented prompts per tokenizer that are also encoded whole and compared (a mismatch disables segmenting)."""
+
+_PROBE_WORDS = (
+    "Hello world", " leading space", "trailing spaces  ", "\n\nnew lines\n", "tabs\tand  double  spaces",
+    "digits 12345 67.89", "café naïve über", "日本語のテキスト", "emoji 🙂👍", "code: def f(x):\n    return x  # ok",
+    "punctuation!?;:'\"", "",
+)  # fmt: skip
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    """Segments found in the cache."""
+    misses: int = 0
+    """Segments encoded."""
+    hit_tokens: int = 0
+    """Tokens served from the cache."""
+    evicted: int = 0
+    """Segments dropped to stay within the bound."""
+
+
+class TokenCache:
+    """Bounded LRU of segment token ids, shared by every tokenizer of a ``PromptTokenizer`` (keys carry the
+    tokenizer's identity); thread-safe. ``max_tokens`` bounds the sum of the cached segments' lengths; a segment
+    longer than that is not cached."""
+
+    def __init__(self, max_tokens: int):
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be positive")
+        self.max_tokens = max_tokens
+        self.stats = CacheStats()
+        self._entries: OrderedDict[tuple[int, str], tuple[int, ...]] = OrderedDict()
+        self._tokens = 0
+        self._lock = threading.Lock()
+
+    @property
+    def tokens(self) -> int:
+        """Tokens cached now."""
+        return self._tokens
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get_many(self, owner: int, texts: Sequence[str]) -> list[tuple[int, ...] | None]:
+        """The cached ids of each text (None where absent); hits become the most recently used."""
+        entries = self._entries
+        out: list[tuple[int, ...] | None] = []
+        with self._lock:
+            for text in texts:
+                key = (owner, text)
+                found = entries.get(key)
+                if found is not None:
+                    entries.move_to_end(key)
+                    self.stats.hits += 1
+                    self.stats.hit_tokens += len(found)
+                else:
+                    self.stats.misses += 1
+                out.append(found)
+        return out
+
+    def put(self, owner: int, text: str, ids: tuple[int, ...]) -> None:
+        if len(ids) > self.max_tokens:
+            return
+        key = (owner, text)
+        entries = self._entries
+        with self._lock:
+            old = entries.pop(key, None)
+            if old is not None:
+                self._tokens -= len(old)
+            entries[key] = ids
+            self._tokens += len(ids)
+            while self._tokens > self.max_tokens:
+                _, dropped = entries.popitem(last=False)
+                self._tokens -= len(dropped)
+                self.stats.evicted += 1
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._tokens = 0
+
+
+_owners = itertools.count(1)
+
+
+class SegmentEncoder:
+    """One tokenizer's segment-wise encoding (``add_special_tokens=False``) through a ``TokenCache``.
+
+    Build it with ``build`` (None when the tokenizer does not qualify or fails the probe). ``encode(text)`` returns
+    the ids or None when the tokenizer's state no longer allows segmenting (the caller then encodes whole). Not
+    thread-safe on its own: call it under the lock that serializes the tokenizer's use.
+    """
+
+    def __init__(self, tokenizer: Any, cache: TokenCache, cut_at: Sequence[str], scan: Sequence[str]):
+        self.tokenizer = tokenizer
+        self.cache = cache
+        self.owner = next(_owners)
+        self.cut_at = frozenset(cut_at)
+        """Added tokens a segment may start with."""
+        # One alternation of every added token matched on raw text, longest first: at each position Python's regex
+        # takes the first alternative that matches, so this is the tokenizer's leftmost-longest scan.
+        self._scan = re.compile("|".join(re.escape(t) for t in sorted(scan, key=len, reverse=True))) if scan else None
+        backend = tokenizer.backend_tokenizer
+        self._backend = backend
+        self._encode_batch = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
+        self.enabled = True
+        self.to_verify = VERIFY_FIRST
+
+    # -- building -----------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, tokenizer: Any, cache: TokenCache) -> SegmentEncoder | None:
+        """A segment encoder for ``tokenizer`` if it qualifies (a ``tokenizers`` backend, no ``single_word`` added
+        token on raw text, nothing to truncate, pad or split specials) and segment-wise encoding equals whole
+        encoding on the probe texts; else None."""
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:  # pragma: no cover - transformers' fast tokenizers need it
+            return None
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if not isinstance(backend, Tokenizer) or getattr(tokenizer, "split_special_tokens", False):
+            return None
+        try:
+            added = list(backend.get_added_tokens_decoder().values())
+        except Exception:  # an old tokenizers without it
+            return None
+        raw = [t for t in added if not t.normalized]
+        if any(t.single_word or not t.content for t in raw):
+            logger.info("tokenizer has a single-word added token: prompts are tokenized whole")
+            return None
+        cut_at = [t.content for t in raw if not t.lstrip and not t.content[0].isspace()]
+        encoder = cls(tokenizer, cache, cut_at, [t.content for t in raw])
+        try:
+            problem = encoder._probe()
+        except Exception as exc:
+            problem = f"probe failed: {exc}"
+        if problem is not None:
+            logger.info("segment-wise tokenization disabled: %s", problem)
+            return None
+        return encoder
+
+    def _probe(self) -> str | None:
+        """None if segment-wise encoding equals whole encoding on every probe text, else what differs."""
+        for text in self._probe_texts():
+            whole = self.encode_whole(text)  # first: the tokenizer's own call also resets truncation and padding
+            if not self.usable():
+                return "the tokenizer truncates, pads or splits special tokens"
+            segmented = self._encode_segments(self.split(text), use_cache=False)
+            if segmented != whole:
+                return f"probe {text[:60]!r}...: segment-wise ids differ from whole encoding"
+        return None
+
+    def _probe_texts(self) -> list[str]:
+        texts: list[str] = []
+        contents = sorted(self.cut_at) or [""]
+        words = [w for w in _PROBE_WORDS if w]
+        glued = []
+        for i, token in enumerate(contents):
+            a, b = words[i % len(words)], words[(i + 3) % len(words)]
+            glued.append(f"{a}{token}{b} {token} x\n{token}\n\n{token}  y{token}{token}{b}{token}")
+        texts.append("".join(glued))
+        texts.append(" " + "".join(f"{t} {w}" for t, w in zip(itertools.cycle(contents), words, strict=False)))
+        roles = itertools.cycle(("user", "assistant"))
+        conversations = [
+            [{"role": "system", "content": _PROBE_WORDS[0]}]
+            + [{"role": next(roles), "content": w} for w in _PROBE_WORDS[1:]],
+            [{"role": r, "content": w} for r, w in zip(itertools.cycle(("user", "assistant")), words, strict=False)],
+            [{"role": "user", "content": " ".join(words)}, {"role": "assistant", "content": "ok"}],
+        ]
+        for messages in conversations:
+            for generation_prompt in (True, False):
+                try:
+                    rendered = self.tokenizer.apply_chat_template(
+                        messages, tokenize=False, add_generation_prompt=generation_prompt
+                    )
+                except Exception:  # no template, or one that refuses these roles: the other probes still count
+                    continue
+                if isinstance(rendered, str):
+                    texts.append(rendered)
+        return texts
+
+    # -- encoding -----------------------------------------------------------------------------------------------------
+
+    def split(self, text: str) -> list[str]:
+        """``text`` cut before every occurrence of a cut token that the tokenizer's own scan finds (empty pieces
+        dropped). Their concatenation is ``text``."""
+        if self._scan is None or not self.cut_at:
+            return [text] if text else []
+        cut_at = self.cut_at
+        cuts = [m.start() for m in self._scan.finditer(text) if m.group() in cut_at]
+        if not cuts:
+            return [text] if text else []
+        bounds = [0, *cuts, len(text)] if cuts[0] else [*cuts, len(text)]
+        return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
+
+    def usable(self) -> bool:
+        """Whether the tokenizer's current state still allows segmenting."""
+        backend = self._backend
+        return (
+            self.enabled
+            and backend.truncation is None
+            and backend.padding is None
+            and not backend.encode_special_tokens
+            and not getattr(self.tokenizer, "split_special_tokens", False)
+        )
+
+    def encode(self, text: str) -> list[int] | None:
+        """The ids of ``text`` without special tokens, segment-wise through the cache; None when segmenting is not
+        usable now (encode whole)."""
+        if not self.usable():
+            return None
+        segments = self.split(text)
+        ids = self._encode_segments(segments, use_cache=True)
+        if self.to_verify > 0 and len(segments) > 1:
+            self.to_verify -= 1
+            whole = self.encode_whole(text)
+            if whole != ids:
+                self.enabled = False
+                logger.warning("segment-wise tokenization differs from whole encoding: disabled for this tokenizer")
+                return whole
+        return ids
+
+    def encode_whole(self, text: str) -> list[int]:
+        """The reference: the tokenizer's own call, as for any prompt."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not isinstance(ids, list):
+            raise ValueError("tokenizer returned something other than a list of token ids")
+        return ids
+
+    def _encode_segments(self, segments: list[str], *, use_cache: bool) -> list[int]:
+        found: list[tuple[int, ...] | None] = (
+            self.cache.get_many(self.owner, segments) if use_cache else [None] * len(segments)
+        )
+        missing = [i for i, ids in enumerate(found) if ids is None]
+        if missing:
+            encodings = self._encode_batch([segments[i] for i in missing], add_special_tokens=False)
+            for i, encoding in zip(missing, encodings, strict=True):
+                fresh = tuple(encoding.ids)
+                found[i] = fresh
+                if use_cache:
+                    self.cache.put(self.owner, segments[i], fresh)
+        out: list[int] = []
+        for ids in found:
+            if ids is not None:  # always: every miss was filled above
+                out.extend(ids)
+        return out
