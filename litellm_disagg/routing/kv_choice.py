@@ -8,6 +8,7 @@ planned, record where its blocks now live and what the prefill cost, so the next
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 from litellm_disagg.routing.kv.block_hash import PromptBlocks
@@ -38,7 +39,9 @@ class KVChoice:
 
 async def choose(kv: KVRouter, pool: WorkerPool, request: DisaggRequest, candidates: list[RuntimeConfig]) -> KVChoice:
     model = candidates[0].model
-    prompt = await kv.prompt(request, model, worker_url=candidates[0].server_url) if request.splittable else None
+    # A worker's /tokenize, when the proxy cannot tokenize locally: spread over the candidates, not always the first.
+    asked = candidates[zlib.crc32(request.request_id.encode()) % len(candidates)]
+    prompt = await kv.prompt(request, model, worker_url=asked.server_url) if request.splittable else None
     prefill_all = pool.prefill_candidates(model)
     decode_ids = {c.worker_id for c in candidates}
     ctx = kv.context(prompt, candidates + [p for p in prefill_all if p.worker_id not in decode_ids])

@@ -1,0 +1,10 @@
+"""Serving benchmark: routing strategies compared through the real LiteLLM proxy on the same workers and workload.
+
+    .venv/bin/python -m bench.serving --backend sim  --workload multi-turn      # simulated workers (8 by default)
+    .venv/bin/python -m bench.serving --backend vllm --workload multi-turn      # real vLLM CPU workers (SmolLM2)
+
+Modules, in the order data flows: ``workloads`` (seeded sessions of chat turns), ``workers`` (start the workers,
+reset their prefix caches, read their metrics), ``arms`` (one proxy config per routing strategy), ``proxy`` (start
+and stop ``litellm --config``), ``loadgen`` (send the sessions, time every streamed token), ``report`` (figures,
+table, JSON, PNG), ``__main__`` (the command).
+"""

@@ -1,0 +1,153 @@
+"""``python -m bench.serving``: compare routing strategies through the real LiteLLM proxy on one set of workers.
+
+    .venv/bin/python -m bench.serving --backend sim --workload all
+    .venv/bin/python -m bench.serving --backend vllm --workload multi-turn
+
+For each workload, every arm (see ``arms.py``) runs the same seeded schedule against the same workers, one after
+another, with the workers' prefix caches emptied before each arm. Prints one table per workload (TTFT p50/p99,
+inter-token latency, end-to-end latency, prefix-cache hit rate, throughput, per-worker balance) and how the
+KV-aware arm compares with each reference; writes ``<out>/serving_<backend>_<workload>.json`` and ``.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+from bench.serving import arms as arms_mod
+from bench.serving import loadgen, proxy, report, workloads
+from bench.serving.workers import WorkerSet, read_counters, reset_prefix_caches, start_sim, start_vllm
+
+DEFAULTS = {
+    # backend: (workers, requests, rate, prefix words, question words, max tokens, turns, think)
+    "sim": dict(workers=8, requests=240, rate=8.0, prefix_words=1500, question_words=60, max_tokens=24, turns=4,
+                think=0.5),
+    "vllm": dict(workers=3, requests=48, rate=0.6, prefix_words=350, question_words=25, max_tokens=12, turns=4,
+                 think=0.5),
+}
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--backend", choices=["sim", "vllm"], default="sim")
+    p.add_argument("--workload", choices=[*workloads.WORKLOADS, "all"], default="all")
+    p.add_argument("--arms", default=",".join(arms_mod.ARMS), help="comma-separated, from: " + ", ".join(arms_mod.ARMS))
+    p.add_argument("--workers", type=int)
+    p.add_argument("--requests", type=int, help="requests per arm")
+    p.add_argument("--rate", type=float, help="requests per second (Poisson arrivals)")
+    p.add_argument("--turns", type=int, help="turns per multi-turn conversation")
+    p.add_argument("--think", type=float, help="seconds between a conversation's turns")
+    p.add_argument("--prefix-words", type=int, help="system prompt / shared document length, in words")
+    p.add_argument("--question-words", type=int)
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kv-routing", default="{}", help="JSON merged into the KV-aware arm's kv_routing section")
+    p.add_argument("--out", default="bench/results")
+    sim = p.add_argument_group("simulated workers")
+    sim.add_argument("--speedup", type=float, default=1.0)
+    sim.add_argument("--blocks", type=int, default=4096, help="KV blocks per worker")
+    sim.add_argument("--block-size", type=int, default=16)
+    real = p.add_argument_group("real vLLM workers")
+    real.add_argument("--model-dir", help="model directory (default: SmolLM2-135M-Instruct, prepared offline)")
+    real.add_argument("--served-model-name", default="smollm2")
+    real.add_argument("--kv-cache-mib", type=int, default=1024)
+    real.add_argument("--max-model-len", type=int, default=4096)
+    args = p.parse_args()
+    for name, value in DEFAULTS[args.backend].items():
+        if getattr(args, name, None) is None:
+            setattr(args, name, value)
+    return args
+
+
+def start_workers(args: argparse.Namespace, run_dir: Path) -> WorkerSet:
+    if args.backend == "sim":
+        return start_sim(run_dir, count=args.workers, speedup=args.speedup, blocks=args.blocks,
+                         block_size=args.block_size)
+    model_dir = args.model_dir
+    if model_dir is None:
+        from litellm_disagg.models.smollm2 import prepare_smollm2
+
+        model_dir = str(prepare_smollm2())
+    return start_vllm(run_dir, count=args.workers, model_dir=model_dir, served=args.served_model_name,
+                      kv_cache_mib=args.kv_cache_mib, max_model_len=args.max_model_len)
+
+
+async def warm_up(base_url: str, key: str, model: str, workers: int) -> None:
+    """A few short requests (first calls load code paths in the proxy), not measured."""
+    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+        for i in range(workers):
+            r = await client.post("/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                                  json={"model": model, "max_tokens": 2,
+                                        "messages": [{"role": "user", "content": f"warm-up {i}"}]})
+            if r.status_code != 200:
+                raise RuntimeError(f"warm-up request failed: {r.status_code} {r.text[:300]}")
+
+
+def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: WorkerSet, args: argparse.Namespace,
+            run_dir: Path) -> report.ArmFigures:
+    arm = arms_mod.build(name, workers, kv_routing=json.loads(args.kv_routing))
+    asyncio.run(reset_prefix_caches(workers.workers))
+    server = proxy.start(arm.config, run_dir, f"{schedule.workload}-{name}", model=workers.model)
+    try:
+        asyncio.run(warm_up(server.base_url, server.key, workers.model, len(workers.workers)))
+        time.sleep(1.0)  # discovery and the load scraper catch up; in-flight entries of the warm-up end
+        asyncio.run(reset_prefix_caches(workers.workers))
+        time.sleep(0.5)  # the AllBlocksCleared events reach the router
+        before = asyncio.run(read_counters(workers.workers))
+        results, wall = asyncio.run(loadgen.run(schedule, arm=arm, base_url=server.base_url, key=server.key,
+                                                model=workers.model, workers=len(workers.workers),
+                                                max_tokens=args.max_tokens))
+        after = asyncio.run(read_counters(workers.workers))
+    finally:
+        server.close()
+    return report.figures(name, results, wall, before, after)
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    arm_names: list[arms_mod.ArmName] = []
+    for name in args.arms.split(","):
+        if name not in arms_mod.ARMS:
+            raise SystemExit(f"unknown arm {name!r}; choose from {', '.join(arms_mod.ARMS)}")
+        arm_names.append(name)  # type: ignore[arg-type]
+    chosen = list(workloads.WORKLOADS) if args.workload == "all" else [args.workload]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix=f"serving-{args.backend}-"))
+    print(f"logs and configs: {run_dir}", flush=True)
+    workers = start_workers(args, run_dir)
+    try:
+        for workload in chosen:
+            shape = workloads.Shape(requests=args.requests, rate=args.rate, turns=args.turns, think_s=args.think,
+                                    prefix_words=args.prefix_words, question_words=args.question_words)
+            schedule = workloads.build(workload, shape, seed=args.seed)
+            rows = []
+            for name in arm_names:
+                print(f"[{workload}] {name} ...", flush=True)
+                rows.append(run_arm(name, schedule, workers, args, run_dir))
+            title = (f"{workload}: {schedule.requests} requests at {args.rate:g}/s over {args.workers} "
+                     f"{'simulated' if args.backend == 'sim' else 'vLLM CPU'} workers ({workers.model})")
+            print(f"\n{title}\n{report.table(rows)}")
+            for line in report.verdicts(rows):
+                print(line)
+            stem = out / f"serving_{args.backend}_{workload}"
+            meta = {"backend": args.backend, "workload": workload, "model": workers.model,
+                    **{k: v for k, v in vars(args).items() if k not in ("out",)}}
+            report.save(rows, meta, stem.with_suffix(".json"))
+            report.plot(rows, title, stem.with_suffix(".png"))
+            print(f"wrote {stem}.json and {stem}.png\n", flush=True)
+    finally:
+        workers.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""One LiteLLM proxy config per arm: the routing strategies compared, over the same workers.
+
+| arm                | who picks the worker                                                                          |
+|--------------------|-----------------------------------------------------------------------------------------------|
+| ``kv_aware``       | litellm-disagg's strategy, ``kv_routing`` on (prefix overlap + load), no session header       |
+| ``simple_shuffle`` | LiteLLM ``routing_strategy: simple-shuffle`` (its default)                                     |
+| ``least_busy``     | LiteLLM ``routing_strategy: least-busy``                                                       |
+| ``session_affinity`` | LiteLLM simple-shuffle + ``optional_pre_call_checks: ["session_affinity"]``; the client sends |
+|                    | ``x-litellm-session-id`` (its strongest built-in answer to prefix reuse)                      |
+| ``round_robin``    | the client, rotating over per-worker model groups (``<model>@<i>``)                           |
+| ``oracle``         | the client: each ``prefix_key`` (conversation or shared document) always to the worker it went |
+|                    | to first; first placements spread evenly                                                      |
+
+LiteLLM's arms list the workers as plain ``hosted_vllm`` deployments; the KV-aware arm lists none and finds the
+workers in discovery (the file registry) like a production proxy. The pinned arms (round robin, oracle) go through
+the same proxy on per-worker groups, so every arm pays the same proxy overhead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from bench.serving.workers import WorkerSet
+
+ArmName = Literal["kv_aware", "simple_shuffle", "least_busy", "session_affinity", "round_robin", "oracle"]
+ARMS: tuple[ArmName, ...] = ("kv_aware", "simple_shuffle", "least_busy", "session_affinity", "round_robin", "oracle")
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: ArmName
+    config: dict[str, Any]
+    pinned: bool = False
+    """The client names a per-worker group (``<model>@<index>``) itself."""
+    session_header: bool = False
+
+
+def pinned_group(model: str, index: int) -> str:
+    return f"{model}@{index}"
+
+
+def build(name: ArmName, workers: WorkerSet, *, kv_routing: dict[str, Any] | None = None) -> Arm:
+    base: dict[str, Any] = {
+        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
+        "litellm_settings": {"drop_params": False, "request_timeout": 600},
+        "router_settings": {"num_retries": 1, "timeout": 600},
+    }
+    if name == "kv_aware":
+        kv: dict[str, Any] = {"enabled": True, "disaggregation": {"mode": "never"}}
+        if workers.model_dir:
+            kv["tokenizer"] = {"model_dirs": {workers.model: workers.model_dir}}
+        kv.update(kv_routing or {})
+        base["model_list"] = []
+        base["litellm_settings"]["callbacks"] = ["litellm_disagg.plugin.handler"]
+        base["litellm_disagg"] = {
+            "registry": {"backend": "file", "path": str(workers.registry_dir), "poll_interval_s": 0.25},
+            "kv_routing": kv,
+        }
+        return Arm(name, base)
+
+    def deployment(group: str, url: str) -> dict[str, Any]:
+        return {"model_name": group,
+                "litellm_params": {"model": f"hosted_vllm/{workers.model}", "api_base": f"{url}/v1", "api_key": "none"}}
+
+    model_list = [deployment(workers.model, w.server_url) for w in workers.workers]
+    model_list += [deployment(pinned_group(workers.model, i), w.server_url) for i, w in enumerate(workers.workers)]
+    base["model_list"] = model_list
+    router = base["router_settings"]
+    router["routing_strategy"] = "least-busy" if name == "least_busy" else "simple-shuffle"
+    if name == "session_affinity":
+        router["optional_pre_call_checks"] = ["session_affinity"]
+    return Arm(name, base, pinned=name in ("round_robin", "oracle"), session_header=name == "session_affinity")
+
+
+class Placement:
+    """The client-side choice of the pinned arms: round robin, or the oracle's sticky placement by prefix key."""
+
+    def __init__(self, arm: ArmName, workers: int):
+        self.arm = arm
+        self.workers = workers
+        self._next = 0
+        self._sticky: dict[str, int] = {}
+        self._keys_per_worker = [0] * workers
+
+    def pick(self, prefix_key: str) -> int:
+        if self.arm == "round_robin":
+            index = self._next % self.workers
+            self._next += 1
+            return index
+        index = self._sticky.get(prefix_key)
+        if index is None:
+            index = min(range(self.workers), key=lambda i: (self._keys_per_worker[i], i))
+            self._sticky[prefix_key] = index
+            self._keys_per_worker[index] += 1
+        return index

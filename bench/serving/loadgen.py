@@ -1,0 +1,102 @@
+"""Send a schedule's sessions through the proxy, streaming, and time each request's tokens.
+
+Each session starts at its scheduled offset; its turns run one after another (``think_s`` apart). Multi-turn
+conversations resend their history with the model's actual answers. Timing is per request: TTFT (first content
+chunk), inter-token latency (mean gap between content chunks after the first), end-to-end latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from bench.serving.arms import Arm, Placement, pinned_group
+from bench.serving.workloads import Schedule, Session, conversation
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    session: str
+    turn: int
+    prefix_key: str
+    start_s: float
+    """Since the run started."""
+    ttft_s: float | None
+    latency_s: float
+    itl_s: float | None
+    output_chunks: int
+    error: str | None = None
+
+
+async def run(schedule: Schedule, *, arm: Arm, base_url: str, key: str, model: str, workers: int,
+              max_tokens: int, concurrency_limit: int = 1000) -> tuple[list[RequestResult], float]:
+    """Returns every request's result and the run's wall time (first start to last end)."""
+    placement = Placement(arm.name, workers) if arm.pinned else None
+    results: list[RequestResult] = []
+    limits = httpx.Limits(max_connections=concurrency_limit, max_keepalive_connections=concurrency_limit)
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(600, connect=10), limits=limits) as client:
+        t0 = time.monotonic()
+
+        async def one_session(session: Session) -> None:
+            await asyncio.sleep(max(0.0, session.start_s - (time.monotonic() - t0)))
+            answers: list[str] = []
+            for index, turn in enumerate(session.turns):
+                group = model if placement is None else pinned_group(model, placement.pick(turn.prefix_key))
+                headers = {"Authorization": f"Bearer {key}"}
+                if arm.session_header:
+                    headers["x-litellm-session-id"] = session.session_id
+                body = {"model": group, "messages": conversation(session, index, answers), "max_tokens": max_tokens,
+                        "temperature": 0, "stream": True}
+                result, answer = await _one(client, body, headers, session, index, t0)
+                results.append(result)
+                if result.error is not None:
+                    return  # a conversation whose turn failed ends there
+                answers.append(answer)
+                if index + 1 < len(session.turns):
+                    await asyncio.sleep(session.think_s)
+
+        await asyncio.gather(*(one_session(s) for s in schedule.sessions))
+        wall = time.monotonic() - t0
+    return results, wall
+
+
+async def _one(client: httpx.AsyncClient, body: dict[str, object], headers: dict[str, str], session: Session,
+               index: int, t0: float) -> tuple[RequestResult, str]:
+    start = time.monotonic()
+    chunk_times: list[float] = []
+    parts: list[str] = []
+    error = None
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
+            if response.status_code != 200:
+                error = f"{response.status_code} {(await response.aread())[:200]!r}"
+            else:
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    event = json.loads(data)
+                    if "error" in event:
+                        error = str(event["error"])[:200]
+                        break
+                    for choice in event.get("choices") or []:
+                        content = (choice.get("delta") or {}).get("content")
+                        if content:
+                            chunk_times.append(time.monotonic())
+                            parts.append(content)
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    end = time.monotonic()
+    ttft = chunk_times[0] - start if chunk_times else None
+    itl = (chunk_times[-1] - chunk_times[0]) / (len(chunk_times) - 1) if len(chunk_times) > 1 else None
+    if error is None and not chunk_times:
+        error = "no content"
+    turn = session.turns[index]
+    return RequestResult(session.session_id, index, turn.prefix_key, start - t0, ttft, end - start, itl,
+                         len(chunk_times), error), "".join(parts)

@@ -1,0 +1,54 @@
+"""Start and stop the real LiteLLM proxy (``python -m litellm.proxy.proxy_cli --config ...``) for one arm."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from litellm_disagg.processes import spawn, stop
+from litellm_disagg.workers.wrapper import free_port
+
+
+@dataclass
+class Proxy:
+    base_url: str
+    key: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def close(self) -> None:
+        stop(self.proc, timeout_s=20)
+
+
+def start(config: dict[str, Any], run_dir: Path, name: str, *, model: str, timeout_s: float = 180) -> Proxy:
+    path = run_dir / f"proxy-{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    port = free_port()
+    key = f"sk-bench-{secrets.token_hex(8)}"
+    env = dict(os.environ, LITELLM_MASTER_KEY=key, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR")
+    log = run_dir / f"proxy-{name}.log"
+    proc = spawn([sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(path), "--host", "127.0.0.1",
+                  "--port", str(port)], env=env, log=log)
+    proxy = Proxy(f"http://127.0.0.1:{port}", key, proc, log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the proxy for {name} exited; see {log}")
+        try:
+            r = httpx.get(f"{proxy.base_url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=2)
+            if r.status_code == 200 and any(m.get("id") == model for m in r.json().get("data", [])):
+                return proxy
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.5)
+    proxy.close()
+    raise TimeoutError(f"the proxy for {name} was not ready within {timeout_s:.0f} s; see {log}")

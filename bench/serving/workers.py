@@ -1,0 +1,136 @@
+"""The workers every arm shares: start them (simulated or real vLLM), find them, reset their prefix caches between
+arms, and read the counters the report needs from their ``/metrics``.
+
+All workers are started with role ``both`` (each can serve a whole request), so LiteLLM's own strategies, which know
+nothing of prefill and decode, route over exactly the same engines as ours; each registers in a file registry like
+any litellm-disagg worker, which is how the KV-aware arm finds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from litellm_disagg.processes import spawn, stop
+from litellm_disagg.runtime_config import RuntimeConfig
+from litellm_disagg.workers.file_registry import FileRegistry
+
+COUNTERS = (
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:request_success_total",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+)
+
+
+@dataclass(frozen=True)
+class Worker:
+    worker_id: str
+    server_url: str
+    """``http://host:port`` (the OpenAI API is under ``/v1``)."""
+
+
+@dataclass
+class WorkerSet:
+    model: str
+    """Served model name."""
+    model_dir: str | None
+    """Where the proxy can read the model's tokenizer (None: ask the workers' ``/tokenize``)."""
+    registry_dir: Path
+    workers: list[Worker]
+    procs: list[subprocess.Popen[bytes]]
+
+    def close(self) -> None:
+        for proc in self.procs:
+            stop(proc, timeout_s=60)
+
+
+def start_sim(run_dir: Path, *, count: int, speedup: float, blocks: int, block_size: int) -> WorkerSet:
+    registry = run_dir / "registry"
+    argv = [sys.executable, "-m", "litellm_disagg.sim", "--both", str(count), "--prefill", "0", "--decode", "0",
+            "--model", "sim-model", "--name", "bench", "--registry-dir", str(registry), "--kv-events",
+            "--speedup", str(speedup), "--num-gpu-blocks", str(blocks), "--block-size", str(block_size),
+            "--max-model-len", "32768", "--drain-settle", "0", "--log-level", "WARNING"]
+    proc = spawn(argv, log=run_dir / "sim.log")
+    workers = _wait_registered(registry, "sim-model", count, [proc], timeout_s=60)
+    return WorkerSet("sim-model", None, registry, workers, [proc])
+
+
+def start_vllm(run_dir: Path, *, count: int, model_dir: str, served: str, kv_cache_mib: int, max_model_len: int,
+               ) -> WorkerSet:
+    """Real vLLM CPU workers (``litellm-disagg worker --role both``), one core's worth of threads each, KV events on,
+    ``/reset_prefix_cache`` enabled (VLLM_SERVER_DEV_MODE=1)."""
+    from litellm_disagg.workers.wrapper import free_port
+
+    registry = run_dir / "registry"
+    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_SERVER_DEV_MODE="1")
+    procs = []
+    for i in range(count):
+        argv = [sys.executable, "-m", "litellm_disagg.cli", "worker", "--role", "both", "--model", model_dir,
+                "--served-model-name", served, "--kv-cache-mib", str(kv_cache_mib), "--max-model-len",
+                str(max_model_len), "--registry-dir", str(registry), "--worker-id", f"bench-{i}",
+                "--kv-events-port", str(free_port())]
+        procs.append(spawn(argv, env=env, log=run_dir / f"worker-{i}.log"))
+    try:
+        workers = _wait_registered(registry, served, count, procs, timeout_s=900)
+    except BaseException:
+        for proc in procs:
+            stop(proc, timeout_s=30)
+        raise
+    return WorkerSet(served, model_dir, registry, workers, procs)
+
+
+def _wait_registered(registry: Path, model: str, count: int, procs: list[subprocess.Popen[bytes]], *,
+                     timeout_s: float) -> list[Worker]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        configs: list[RuntimeConfig] = asyncio.run(FileRegistry(registry).snapshot()) if registry.exists() else []
+        ready = sorted((c for c in configs if c.model == model and c.routable), key=lambda c: c.worker_id)
+        if len(ready) >= count:
+            return [Worker(c.worker_id, c.server_url) for c in ready[:count]]
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"a worker process exited before {count} workers registered (logs beside {registry})")
+        time.sleep(0.5)
+    raise TimeoutError(f"{count} workers did not register within {timeout_s:.0f} s")
+
+
+async def reset_prefix_caches(workers: list[Worker]) -> None:
+    """Empty every worker's prefix cache (vLLM answers 200 only when nothing is running; retry until then)."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        for w in workers:
+            for _ in range(60):
+                r = await client.post(f"{w.server_url}/reset_prefix_cache")
+                if r.status_code == 200:
+                    break
+                await asyncio.sleep(0.5)
+            else:
+                raise RuntimeError(f"{w.worker_id}: /reset_prefix_cache kept failing: {r.status_code} {r.text[:200]}")
+
+
+async def read_counters(workers: list[Worker]) -> dict[str, dict[str, float]]:
+    """Per worker, each of ``COUNTERS`` summed over its label sets."""
+    async with httpx.AsyncClient(timeout=30) as client:
+        texts = await asyncio.gather(*(client.get(f"{w.server_url}/metrics") for w in workers))
+    return {w.worker_id: parse_counters(r.text) for w, r in zip(workers, texts, strict=True)}
+
+
+def parse_counters(text: str) -> dict[str, float]:
+    out = dict.fromkeys(COUNTERS, 0.0)
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            try:
+                out[name] += float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+    return out

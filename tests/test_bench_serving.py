@@ -1,0 +1,142 @@
+"""bench.serving: the schedules are seeded, the arms are what they claim, the figures add up, and one small run goes
+through the real proxy end to end (so the benchmark cannot rot unnoticed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.serving import arms, report, workloads
+from bench.serving.loadgen import RequestResult
+from bench.serving.workers import Worker, WorkerSet, parse_counters
+from litellm_disagg.settings import DisaggSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_schedules_are_seeded_and_sized():
+    shape = workloads.Shape(requests=40, rate=4.0, turns=4)
+    for workload in workloads.WORKLOADS:
+        first, again = workloads.build(workload, shape, seed=3), workloads.build(workload, shape, seed=3)
+        assert first == again
+        assert first.requests == 40
+        assert workloads.build(workload, shape, seed=4) != first
+    starts = [s.start_s for s in workloads.build("shared", shape).sessions]
+    assert starts == sorted(starts) and starts[0] == 0.0
+
+
+def test_multi_turn_resends_the_history_with_the_answers():
+    schedule = workloads.build("multi-turn", workloads.Shape(requests=8, turns=4))
+    session = schedule.sessions[0]
+    third = workloads.conversation(session, 2, ["first answer", "second answer"])
+    assert [m["role"] for m in third] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert third[2]["content"] == "first answer" and third[4]["content"] == "second answer"
+    assert third[-1] == session.turns[2].messages[-1]
+    assert {t.prefix_key for t in session.turns} == {session.session_id}
+
+
+def test_shared_and_skewed_reuse_documents_and_skewed_is_skewed():
+    shape = workloads.Shape(requests=400, documents=4)
+    shared = [s.turns[0].prefix_key for s in workloads.build("shared", shape).sessions]
+    skewed = [s.turns[0].prefix_key for s in workloads.build("skewed", shape).sessions]
+    unique = [s.turns[0].prefix_key for s in workloads.build("unique", shape).sessions]
+    assert len(set(shared)) == 4 and len(set(unique)) == 400
+    hottest = max(skewed.count(k) for k in set(skewed))
+    assert hottest > 0.3 * len(skewed) > max(shared.count(k) for k in set(shared))
+
+
+def test_round_robin_rotates_and_the_oracle_sticks_and_spreads():
+    rr = arms.Placement("round_robin", 3)
+    assert [rr.pick("same") for _ in range(6)] == [0, 1, 2, 0, 1, 2]
+    oracle = arms.Placement("oracle", 3)
+    first = [oracle.pick(k) for k in ("a", "b", "c", "d")]
+    assert first == [0, 1, 2, 0]
+    assert [oracle.pick(k) for k in ("c", "a", "d", "b")] == [2, 0, 0, 1]
+
+
+def worker_set(tmp_path: Path) -> WorkerSet:
+    workers = [Worker(f"w{i}", f"http://127.0.0.1:{9000 + i}") for i in range(3)]
+    return WorkerSet("m", "/models/m", tmp_path / "registry", workers, [])
+
+
+def test_the_kv_aware_arm_is_our_plugin_with_kv_routing_and_no_static_deployments(tmp_path):
+    arm = arms.build("kv_aware", worker_set(tmp_path), kv_routing={"seed": 1})
+    assert arm.config["model_list"] == []
+    assert arm.config["litellm_settings"]["callbacks"] == ["litellm_disagg.plugin.handler"]
+    settings = DisaggSettings.model_validate(arm.config["litellm_disagg"])
+    assert settings.kv_routing.enabled and settings.kv_routing.seed == 1
+    assert settings.kv_routing.tokenizer.model_dirs == {"m": "/models/m"}
+    assert not arm.pinned and not arm.session_header
+
+
+@pytest.mark.parametrize(
+    ("name", "strategy", "checks", "pinned", "header"),
+    [
+        ("simple_shuffle", "simple-shuffle", None, False, False),
+        ("least_busy", "least-busy", None, False, False),
+        ("session_affinity", "simple-shuffle", ["session_affinity"], False, True),
+        ("round_robin", "simple-shuffle", None, True, False),
+        ("oracle", "simple-shuffle", None, True, False),
+    ],
+)
+def test_litellm_arms_list_every_worker_plainly_and_per_worker(tmp_path, name, strategy, checks, pinned, header):
+    arm = arms.build(name, worker_set(tmp_path))
+    router = arm.config["router_settings"]
+    assert router["routing_strategy"] == strategy
+    assert router.get("optional_pre_call_checks") == checks
+    groups = [d["model_name"] for d in arm.config["model_list"]]
+    assert groups == ["m", "m", "m", "m@0", "m@1", "m@2"]
+    assert arm.config["model_list"][3]["litellm_params"]["api_base"] == "http://127.0.0.1:9000/v1"
+    assert "callbacks" not in arm.config["litellm_settings"]
+    assert (arm.pinned, arm.session_header) == (pinned, header)
+
+
+def test_counters_sum_label_sets():
+    text = """# HELP vllm:prefix_cache_hits_total x
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 30.0
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100.0
+vllm:request_success_total{finished_reason="length",model_name="m"} 2.0
+vllm:request_success_total{finished_reason="stop",model_name="m"} 3.0
+vllm:prefix_cache_hits_created 1.7e9
+"""
+    counters = parse_counters(text)
+    assert counters["vllm:prefix_cache_hits_total"] == 30
+    assert counters["vllm:request_success_total"] == 5
+
+
+def test_figures_from_results_and_counter_deltas():
+    def result(ttft: float | None, error: str | None = None) -> RequestResult:
+        return RequestResult("s", 0, "k", 0.0, ttft, 1.0, 0.02, 5, error)
+
+    before = {w: dict.fromkeys(("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+                                "vllm:request_success_total", "vllm:generation_tokens_total"), 0.0) for w in "ab"}
+    after = {
+        "a": {**before["a"], "vllm:prefix_cache_queries_total": 100, "vllm:prefix_cache_hits_total": 60,
+              "vllm:request_success_total": 3, "vllm:generation_tokens_total": 15},
+        "b": {**before["b"], "vllm:prefix_cache_queries_total": 100, "vllm:prefix_cache_hits_total": 20,
+              "vllm:request_success_total": 1, "vllm:generation_tokens_total": 5},
+    }
+    fig = report.figures("x", [result(0.1), result(0.3), result(0.2), result(None, "boom")], 2.0, before, after)
+    assert (fig.requests, fig.completed, fig.failed) == (4, 3, 1)
+    assert fig.ttft_p50_ms == pytest.approx(200)
+    assert fig.hit_rate == pytest.approx(0.4)
+    assert fig.per_worker_requests == {"a": 3, "b": 1} and fig.imbalance == pytest.approx(1.5)
+    assert fig.output_tokens_per_s == pytest.approx(10)
+    assert fig.first_errors == ["boom"]
+
+
+def test_a_small_run_through_the_real_proxy(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.serving", "--backend", "sim", "--workload", "multi-turn", "--workers", "2",
+         "--requests", "6", "--rate", "6", "--turns", "3", "--prefix-words", "200", "--max-tokens", "4",
+         "--speedup", "20", "--arms", "kv_aware,session_affinity,oracle", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for arm in ("kv_aware", "session_affinity", "oracle"):
+        assert any(line.startswith(arm) and " 6/6 " in line for line in proc.stdout.splitlines()), proc.stdout
+    assert (out / "serving_sim_multi-turn.json").is_file() and (out / "serving_sim_multi-turn.png").is_file()
