@@ -107,9 +107,15 @@ def _prefill_profile() -> ProfileSettings:
 
 
 def _decode_profile() -> ProfileSettings:
-    # Decode workers: load and free KV first; their own cache still saves transfer (and local prefill).
+    # Decode workers (and aggregated ones, which prefill locally): the time to this request's first token is the
+    # prefill it must compute plus what is queued ahead of it, so the cost counts uncached and queued prefill blocks
+    # and running requests, not the KV blocks in use (memory is kv_free's concern: with decode=1, one running
+    # request outweighed a cached prefix of its size and affinity flipped to idle workers; bench/serving measured
+    # it). prefix_overlap keeps a conversation on its cache when a holder's queue is a little longer than an idle
+    # worker's.
     return ProfileSettings(
-        weights={"kv_cost": 1.0, "kv_free": 0.25}, cost=CostWeights(prefill=1.0, decode=1.0, active=1.0)
+        weights={"kv_cost": 1.0, "kv_free": 0.25, "prefix_overlap": 0.5},
+        cost=CostWeights(prefill=1.0, decode=0.0, active=1.0),
     )
 
 
