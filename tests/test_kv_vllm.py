@@ -1,11 +1,13 @@
 """KV-aware routing in precise mode against real vLLM CPU workers: the workers publish KV events over ZMQ, the
 router's tokens (the model's own tokenizer and chat template, read by the proxy) hash to the same blocks the engines
-report, and a repeated prefix goes to the worker that holds it."""
+report, and a repeated prefix goes to the worker that holds it; a cleared cache (AllBlocksCleared) and a departed
+worker take their entries out of the index."""
 
 from __future__ import annotations
 
 import asyncio
 
+import httpx
 import litellm
 import pytest
 
@@ -24,7 +26,8 @@ SYSTEM = "You are the archivist of a very long manual. " + " ".join(f"Section {i
 def workers(tiny_model, tmp_path_factory):
     base = tmp_path_factory.mktemp("kv-vllm")
     registry = base / "registry"
-    procs = [WorkerProc("decode", tiny_model, registry, base, wrapper_args=["--kv-events-port", str(free_port())]) for _ in range(2)]
+    procs = [WorkerProc("decode", tiny_model, registry, base, wrapper_args=["--kv-events-port", str(free_port())],
+                        env={"VLLM_SERVER_DEV_MODE": "1"}) for _ in range(2)]
     try:
         for p in procs:
             p.start()
@@ -90,5 +93,60 @@ async def test_repeated_prefix_goes_to_the_worker_holding_it(workers, tiny_model
         # ... and the holder really reused its cache.
         hits = metric(procs[holder].url, "vllm:prompt_tokens_by_source_total", source="local_cache_hit")
         assert hits >= 4 * 128
+    finally:
+        await plugin.detach()
+
+
+async def test_a_cleared_cache_and_a_departed_worker_leave_the_index(workers, tiny_model):
+    # Runs last in this module: it stops one of the module's workers.
+    registry, procs = workers
+    plugin = DisaggPlugin()
+    router = litellm.Router(model_list=[], num_retries=0)
+    settings = DisaggSettings(
+        registry=FileRegistrySettings(path=str(registry), poll_interval_s=0.1),
+        kv_routing={"enabled": True, "seed": 0, "disaggregation": {"mode": "never"}, "index": {"predicted_ttl_s": 0.05},
+                    "tokenizer": {"model_dirs": {"tiny": str(tiny_model)}}},
+    )
+    controller = await plugin.attach(router, settings)
+    kv = controller.kv
+    assert kv is not None
+    ids = [p.worker_id for p in procs]
+
+    async def until(check, what: str, timeout_s: float = 20.0) -> None:
+        for _ in range(int(timeout_s / 0.05)):
+            if check():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}: index {kv.index_stats()}, events {kv.event_stats()}")
+
+    async def ask(user: str, worker: int) -> None:
+        # Pinned by the request itself is not something the router offers: send straight to a worker's engine, as
+        # another router would; the engine's events must still reach this router's index.
+        body = {"model": "tiny", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+                "max_tokens": 2, "temperature": 0}
+        async with httpx.AsyncClient(timeout=120) as client:
+            r = await client.post(f"{procs[worker].url}/v1/chat/completions", json=body)
+            assert r.status_code == 200, r.text
+
+    try:
+        await until(lambda: len(controller.pool.decode_candidates("tiny")) == 2, "both workers")
+        await ask("what is stored where?", 0)
+        await ask("and here too?", 1)
+        await until(lambda: kv.index.blocks(ids[0]) > 0 and kv.index.blocks(ids[1]) > 0, "both workers' blocks")
+
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(f"{procs[0].url}/reset_prefix_cache")
+            assert r.status_code == 200, r.text
+        # vLLM publishes the event with the next engine step's batch: a short request (under one block) makes one.
+        async with httpx.AsyncClient(timeout=120) as client:
+            r = await client.post(f"{procs[0].url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 1})
+            assert r.status_code == 200, r.text
+        await until(lambda: kv.event_stats()[ids[0]].clears >= 1 and kv.index.blocks(ids[0]) == 0, "AllBlocksCleared")
+        assert kv.index.blocks(ids[1]) > 0  # the other worker's entries are untouched
+
+        procs[1].terminate()  # drains, withdraws from discovery, stops vLLM
+        await until(lambda: ids[1] not in kv.index.workers(), "the departed worker's slot to go", timeout_s=60)
+        assert kv.index.blocks(ids[1]) == 0
+        assert ids[1] not in kv.event_stats()
     finally:
         await plugin.detach()

@@ -48,6 +48,8 @@ class WorkerProc:
     """Arguments for vLLM (after ``--``)."""
     wrapper_args: list[str] = field(default_factory=list)
     """Arguments for the wrapper itself (e.g. ``--kv-events-port``)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment for the worker (e.g. ``VLLM_SERVER_DEV_MODE=1`` for ``/reset_prefix_cache``)."""
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
 
@@ -64,7 +66,7 @@ class WorkerProc:
         return self.log_dir / f"{self.worker_id}.log"
 
     def start(self) -> WorkerProc:
-        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env = dict(os.environ, OMP_NUM_THREADS="1", **self.env)
         argv = [sys.executable, "-m", "litellm_disagg.cli", "worker", "--role", self.role, "--model", str(self.model_dir),
                 "--served-model-name", self.served_name, "--port", str(self.port), "--worker-id", self.worker_id,
                 "--registry-dir", str(self.registry_dir), "--kv-cache-mib", str(self.kv_cache_mib), "--max-model-len", "1024",
