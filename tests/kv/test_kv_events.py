@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import random
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from litellm_disagg.routing.kv import kv_events
 from litellm_disagg.routing.kv.block_hash import chain_hashes, root_hash
 from litellm_disagg.routing.kv.event_applier import EventApplier
 from litellm_disagg.routing.kv.kv_events import (
@@ -135,6 +137,203 @@ def test_decode_older_array_like_events_and_lora_id() -> None:
 def test_malformed_messages(frames: list[bytes]) -> None:
     with pytest.raises(MalformedBatch):
         decode_message(frames)
+
+
+# -- fast (typed msgspec) path and generic fallback -------------------------------------------------------------------
+
+
+def outcome(decode: Any, payload: bytes) -> str:
+    """What decoding gives, spelled strictly (``repr`` tells ``True`` from ``1`` and ``1`` from ``1.0``)."""
+    try:
+        return repr(decode(7, payload))
+    except MalformedBatch:
+        return "MalformedBatch"
+
+
+def typed_shape(payload: bytes) -> str | None:
+    """Which typed decoder accepts the payload (None: the generic path reads it)."""
+    for shape, decode in (("map", kv_events._decode_map_batch), ("array", kv_events._decode_array_batch)):
+        try:
+            decode(payload)
+        except Exception:
+            continue
+        return shape
+    return None
+
+
+@pytest.fixture
+def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(seq: int, payload: bytes) -> EventBatch:
+        raise AssertionError("the generic path was used")
+
+    monkeypatch.setattr(kv_events, "_decode_generic", fail)
+
+
+@pytest.fixture
+def fallbacks(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    seen: list[bytes] = []
+    generic = kv_events._decode_generic
+
+    def spy(seq: int, payload: bytes) -> EventBatch:
+        seen.append(payload)
+        return generic(seq, payload)
+
+    monkeypatch.setattr(kv_events, "_decode_generic", spy)
+    return seen
+
+
+def test_vllm_bytes_take_the_fast_path(no_fallback: None) -> None:
+    assert decode_payload(41, GOLDEN_1).events[0] == BlockStored(
+        [2**64 - 1, 7], 12345678901234567890, [1, 2, 3, 4], 2, medium="GPU", group_idx=0, extra_keys=[None, None]
+    )
+    assert decode_payload(0, GOLDEN_2).events == [BlockStored([b"\x01" * 32], None, [5, 6], 2, medium="GPU")]
+    assert decode_payload(1, wire.payload([])).events == []
+
+
+@pytest.mark.parametrize("hashes", [[1, 2**64 - 1], [b"\x07" * 32, b"\x08" * 32], [-5, b"\x00"]])
+@pytest.mark.parametrize("shape", ["map", "array"])
+def test_fast_path_reads_both_shapes_and_both_hash_kinds(no_fallback: None, shape: str, hashes: list[Any]) -> None:
+    if shape == "map":
+        events: list[Any] = [
+            wire.stored(hashes, hashes[0], [1, 2, 3, 4], 2, lora_id=3, extra_keys=[None, ["mm", 1]]),
+            wire.removed(hashes[:1], group_idx=None),
+            wire.cleared(),
+            {"type": "BlockStored", "block_hashes": hashes, "token_ids": [5, 6, 7, 8], "block_size": 2},  # minimal
+        ]
+    else:
+        events = [
+            ["BlockStored", hashes, hashes[0], [1, 2, 3, 4], 2, 3, "GPU", None, [None, ["mm", 1]], 0],
+            ["BlockRemoved", hashes[:1], "GPU"],
+            ["AllBlocksCleared"],
+            ["BlockStored", hashes, None, [5, 6, 7, 8], 2],  # minimal
+        ]
+    batch = decode_payload(3, msgpack.packb([2, events]))  # an int ts, no rank
+    assert (batch.seq, batch.ts, batch.data_parallel_rank) == (3, 2.0, None) and type(batch.ts) is float
+    assert batch.events == [
+        BlockStored(hashes, hashes[0], [1, 2, 3, 4], 2, "GPU", "3", 0, [None, ["mm", 1]]),
+        BlockRemoved(hashes[:1], "GPU"),
+        AllBlocksCleared(),
+        BlockStored(hashes, None, [5, 6, 7, 8], 2),
+    ]
+    assert [type(e) for e in batch.events] == [BlockStored, BlockRemoved, AllBlocksCleared, BlockStored]
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        # an event type this module does not know: skipped, the rest read
+        (
+            [wire.cleared(), {"type": "SomethingNew", "x": 1}, wire.removed([4])],
+            [AllBlocksCleared(), BlockRemoved([4], "GPU", 0)],
+        ),
+        ([{"no": "type"}, 5, "text", None, []], []),
+        # odd values in optional fields: read as the generic path always read them
+        (
+            [wire.removed([4], medium=5), wire.removed([5], group_idx=True)],
+            [BlockRemoved([4], None, 0), BlockRemoved([5], "GPU", None)],
+        ),
+        (
+            [wire.stored([1], "p", [1, 2], 2, lora_id=True, group_idx="g")],
+            [BlockStored([1], None, [1, 2], 2, "GPU", "True", None)],
+        ),
+        (
+            [wire.stored([1], True, [1, 2], 2, lora_name=7, extra_keys={"a": 1})],
+            [BlockStored([1], True, [1, 2], 2, "GPU", "7", 0)],
+        ),
+        # both shapes in one batch
+        ([wire.cleared(), ["BlockRemoved", [9]]], [AllBlocksCleared(), BlockRemoved([9])]),
+    ],
+)
+def test_what_the_typed_decoders_reject_goes_the_generic_way(
+    fallbacks: list[bytes], events: list[Any], expected: list[Any]
+) -> None:
+    payload = msgpack.packb([1.0, events, 0])
+    assert decode_payload(0, payload).events == expected
+    assert fallbacks == [payload]
+
+
+def test_batch_fields_of_odd_types_go_the_generic_way(fallbacks: list[bytes]) -> None:
+    assert decode_payload(0, msgpack.packb(["when", []])).ts == 0.0
+    assert decode_payload(0, msgpack.packb([1.0, [], "rank"])).data_parallel_rank is None
+    assert len(fallbacks) == 2
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\xc1",  # not msgpack
+        msgpack.packb([1.0, []]) + b"\x00",  # trailing bytes
+        msgpack.packb([1.0]),
+        msgpack.packb([1.0, {"type": "BlockStored"}]),
+        msgpack.packb([1.0, [wire.removed([1]) | {"block_hashes": None}]]),
+        msgpack.packb([1.0, [{k: v for k, v in wire.stored([1], None, [1, 2], 2).items() if k != "token_ids"}]]),
+        msgpack.packb([1.0, [wire.stored([1], None, [1, 2], 2.0)]]),  # type: ignore[arg-type]
+        msgpack.packb([1.0, [["BlockStored", [1], None, [1, 2]]]]),  # array-like, no block size
+        msgpack.packb([1.0, [["BlockRemoved"]]]),
+    ],
+)
+def test_malformed_payloads_still_raise(fallbacks: list[bytes], payload: bytes) -> None:
+    with pytest.raises(MalformedBatch):
+        decode_payload(0, payload)
+    assert fallbacks == [payload]
+
+
+def random_value(rng: random.Random, usual: list[Any], odd: list[Any]) -> Any:
+    return rng.choice(usual) if rng.random() < 0.85 else rng.choice(odd)
+
+
+def random_event(rng: random.Random) -> Any:
+    hashes = [
+        rng.choice([rng.getrandbits(64), -rng.getrandbits(63), rng.randbytes(32)]) for _ in range(rng.randrange(4))
+    ]
+    fields: dict[str, Any] = {
+        "block_hashes": random_value(rng, [hashes], [None, "h", [1.5], [True], [[1]]]),
+        "parent_block_hash": random_value(rng, [None, rng.getrandbits(64), b"\x01" * 32], ["p", True, 1.0]),
+        "token_ids": random_value(rng, [[rng.randrange(1000) for _ in range(2 * len(hashes))]], [None, ["t"], [True]]),
+        "block_size": random_value(rng, [2, 16], [None, 2.0, True, "16"]),
+        "lora_id": random_value(rng, [None, 0, 3], ["x", True, 1.5]),
+        "medium": random_value(rng, ["GPU", "CPU", None], [5, b"GPU", True]),
+        "lora_name": random_value(rng, [None, "sql", ""], [7, True, [1]]),
+        "extra_keys": random_value(rng, [None, [None] * len(hashes), [["mm", 1]] * len(hashes)], ["x", {"a": 1}, 3]),
+        "group_idx": random_value(rng, [None, 0, 1], [True, "g", 1.5]),
+    }
+    kind = random_value(rng, ["BlockStored", "BlockRemoved", "AllBlocksCleared"], ["Other", 3, None, ""])
+    names = {
+        "BlockStored": list(fields),
+        "BlockRemoved": ["block_hashes", "medium", "group_idx"],
+    }.get(kind, [])  # type: ignore[call-overload]
+    if rng.random() < 0.5:  # map-encoded, some fields left out
+        event = {"type": kind} | {n: fields[n] for n in names if rng.random() < 0.9}
+        if rng.random() < 0.1:
+            event["future_field"] = [1, {"x": None}]
+        return event if rng.random() < 0.97 else [event, 1][rng.randrange(2)]
+    return [kind, *(fields[n] for n in names)][: rng.randrange(1, len(names) + 3)]  # array-like, maybe cut short
+
+
+def random_payload(rng: random.Random) -> bytes:
+    events = [random_event(rng) for _ in range(rng.randrange(4))]
+    if rng.random() < 0.5:  # one shape per batch, as real engines send them
+        events = (
+            [e for e in events if isinstance(e, dict)]
+            if rng.random() < 0.5
+            else [e for e in events if isinstance(e, list)]
+        )
+    batch: list[Any] = [random_value(rng, [1.5, 2], ["ts", True, None]), events]
+    if rng.random() < 0.8:
+        batch.append(random_value(rng, [0, 3, None], [True, "r"]))
+        if rng.random() < 0.1:
+            batch.append("extra")
+    return msgpack.packb(batch if rng.random() < 0.98 else {"ts": 1.0}, use_bin_type=True)
+
+
+def test_fast_path_and_generic_path_agree_on_random_payloads() -> None:
+    rng = random.Random(1234)
+    taken = {"map": 0, "array": 0, None: 0}
+    for _ in range(4000):
+        payload = random_payload(rng)
+        taken[typed_shape(payload)] += 1
+        assert outcome(decode_payload, payload) == outcome(kv_events._decode_generic, payload), msgpack.unpackb(payload)
+    assert min(taken.values()) > 100, taken  # each path exercised
 
 
 # -- applier ----------------------------------------------------------------------------------------------------------
@@ -304,3 +503,78 @@ def test_translation_table_is_pruned_when_removals_were_lost() -> None:
         app.apply(batch(i, engine.store(toks(4, seed=i))))
     assert index.blocks("w") == 4
     assert len(app._ours) <= 2 * 4 + 1024
+
+
+class RecordingIndex(PrefixIndex):
+    """A prefix index that notes each update call the applier makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, int]] = []
+        self.add_worker("w", capacity_blocks=1000)
+
+    def stored(self, worker_id: str, hashes: Any) -> None:
+        hashes = list(hashes)
+        self.calls.append(("stored", len(hashes)))
+        super().stored(worker_id, hashes)
+
+    def removed(self, worker_id: str, hashes: Any) -> None:
+        hashes = list(hashes)
+        self.calls.append(("removed", len(hashes)))
+        super().removed(worker_id, hashes)
+
+
+def test_one_batch_of_many_events_equals_one_batch_per_event() -> None:
+    engine = Engine()
+    p1, p2, p3 = toks(16, 1), toks(12, 2), toks(8, 3)
+    h1, h2, h3 = engine.hashes(p1), engine.hashes(p2), engine.hashes(p3)
+    events = [
+        engine.store(p1[:8]),
+        engine.store(p1, cached_blocks=2),  # its parent was stored by the event before, in the same batch
+        engine.store(p2),
+        BlockRemoved([h1[3]], medium="GPU", group_idx=0),  # vLLM evicts one block per event
+        BlockRemoved([h2[2], 12345], medium="GPU", group_idx=0),  # 12345: never stored
+        BlockRemoved([h2[1]], medium="CPU"),  # another tier: ignored
+        engine.store(p3),
+        engine.store(p2 + toks(4, 9), cached_blocks=3),  # its parent was removed earlier in the batch: skipped
+        BlockRemoved([h3[0]], medium="GPU", group_idx=0),
+    ]
+    one = RecordingIndex()
+    app = EventApplier("w", one, block_size=BS, capacity_blocks=1000)
+    app.apply(batch(0, *events))
+    assert one.calls == [("stored", 7), ("removed", 2), ("stored", 2), ("removed", 1)]
+
+    many = RecordingIndex()
+    each = EventApplier("w", many, block_size=BS, capacity_blocks=1000)
+    for seq, event in enumerate(events):
+        each.apply(batch(seq, event))
+    assert len(many.calls) == 7
+    for prompt in (p1, p2, p3):
+        assert one.overlap(chain_hashes(prompt, BS)) == many.overlap(chain_hashes(prompt, BS))
+    assert one.overlap(chain_hashes(p1, BS)) == {"w": 3} and one.blocks("w") == many.blocks("w") == 6
+    assert app._ours == each._ours
+    assert dataclasses.replace(app.stats, batches=0, last_seq=0) == dataclasses.replace(
+        each.stats, batches=0, last_seq=0
+    )
+    assert (app.stats.stored_blocks, app.stats.removed_blocks, app.stats.skipped_blocks) == (9, 3, 1)
+    assert app.stats.ignored_events == 1
+
+
+def test_all_blocks_cleared_inside_a_batch(index: PrefixIndex) -> None:
+    engine, app = Engine(), applier(index)
+    before, after = toks(8, 1), toks(8, 2)
+    app.apply(batch(0, engine.store(before), AllBlocksCleared(), engine.store(after)))
+    assert index.overlap(chain_hashes(before, BS)) == {} and index.overlap(chain_hashes(after, BS)) == {"w": 2}
+    assert app.stats.clears == 1 and index.blocks("w") == 2
+
+
+def test_translation_table_is_pruned_with_many_events_per_batch() -> None:
+    index = PrefixIndex()
+    index.add_worker("w", capacity_blocks=4)
+    app = EventApplier("w", index, block_size=BS, capacity_blocks=4)
+    engine = Engine()
+    for seq in range(40):  # 2000 one-block prompts, 50 per batch, no removal ever arrives
+        app.apply(batch(seq, *(engine.store(toks(4, seed=seq * 50 + i)) for i in range(50))))
+    assert index.blocks("w") == 4
+    assert len(app._ours) <= 2 * 4 + 1024
+    assert app.stats.stored_blocks == 2000

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from litellm_disagg.routing.kv.block_hash import ROOT, BlockHash, chain_hashes, root_hash
@@ -37,6 +38,9 @@ from litellm_disagg.routing.kv.prefix_index import PrefixIndex
 logger = logging.getLogger(__name__)
 
 GapPolicy = Literal["keep", "clear"]
+
+_adapter_root = lru_cache(maxsize=256)(root_hash)
+"""A LoRA adapter's chain root (a blake2b digest: worth keeping, as every sequence under the adapter starts there)."""
 
 
 @dataclass
@@ -80,16 +84,51 @@ class EventApplier:
     # -- batches ------------------------------------------------------------------------------------------------------
 
     def apply(self, batch: EventBatch) -> None:
-        if not self._in_sequence(batch.seq):
+        seq = batch.seq
+        stats = self.stats
+        last = stats.last_seq
+        if last is not None and seq == last + 1:  # the common case, without a call
+            stats.last_seq = seq
+        elif not self._in_sequence(seq):
             return
-        self.stats.batches += 1
+        stats.batches += 1
+        # Consecutive events of one kind reach the index as one call: an engine step often stores blocks for several
+        # requests, and vLLM evicts blocks one BlockRemoved at a time. Translations are updated event by event, so a
+        # later event in the batch sees an earlier one's blocks; the index gets the same blocks in the same order (only
+        # its trim past capacity, and the translation table's check, run once per run instead of once per event).
+        run: list[BlockHash] | None = None
+        run_stores = False
         for event in batch.events:
             if isinstance(event, BlockStored):
-                self._stored(event)
+                ours = self._stored(event)
+                stores = True
             elif isinstance(event, BlockRemoved):
-                self._removed(event)
-            elif isinstance(event, AllBlocksCleared):
-                self._cleared()
+                ours = self._removed(event)
+                stores = False
+            else:
+                if isinstance(event, AllBlocksCleared):
+                    if run is not None:
+                        self._flush(run, run_stores)
+                        run = None
+                    self._cleared()
+                continue
+            if not ours:
+                continue
+            if run is None:
+                run, run_stores = ours, stores
+            elif stores is run_stores:
+                run += ours
+            else:
+                self._flush(run, run_stores)
+                run, run_stores = ours, stores
+        if run is None:
+            return
+        if run_stores:  # _flush, written out: most batches end with their only run
+            self.index.stored(self.worker_id, run)
+            if len(self._ours) > self._max_translations:
+                self._prune_translations()
+        else:
+            self.index.removed(self.worker_id, run)
 
     def lost(self, seq: int | None = None) -> None:
         """A message that could not be decoded: its events are lost, as in a gap."""
@@ -136,50 +175,56 @@ class EventApplier:
 
     # -- events -------------------------------------------------------------------------------------------------------
 
-    def _wanted(self, medium: str | None, group: int | None) -> bool:
-        return medium in self.media and (group is None or group == self.kv_group)
-
-    def _stored(self, event: BlockStored) -> None:
-        engine_hashes = event.block_hashes
+    def _stored(self, event: BlockStored) -> list[BlockHash] | None:
+        """Our hashes of the event's blocks (translations updated, index not yet), or None if none apply."""
+        engine_hashes, engine_parent, tokens, block_size, medium, lora_name, group, extra = event
+        stats = self.stats
         count = len(engine_hashes)
-        if not self._wanted(event.medium, event.group_idx):
-            self.stats.ignored_events += 1
-            return
+        # Inlined on purpose, here and in _removed (one call per event adds up): wanted media and KV cache group.
+        if medium not in self.media or (group is not None and group != self.kv_group):
+            stats.ignored_events += 1
+            return None
         size = self.block_size
-        if event.block_size != size or len(event.token_ids) != count * size:
-            self.stats.skipped_blocks += count
-            return
-        if event.parent_block_hash is None:
-            parent = ROOT if event.lora_name is None else root_hash(event.lora_name)
+        if block_size != size or len(tokens) != count * size:
+            stats.skipped_blocks += count
+            return None
+        if engine_parent is None:
+            parent = ROOT if lora_name is None else _adapter_root(lora_name)
         else:
-            found = self._ours.get(event.parent_block_hash)
+            found = self._ours.get(engine_parent)
             if found is None:
-                self.stats.skipped_blocks += count
-                return
+                stats.skipped_blocks += count
+                return None
             parent = found
         usable = count
-        extra = event.extra_keys
         if extra:
             usable = next((i for i, keys in enumerate(extra) if keys is not None), count)
-        tokens = event.token_ids if usable == count else event.token_ids[: usable * size]
+            if usable < count:
+                stats.skipped_blocks += count - usable
+                tokens = tokens[: usable * size]
         ours = chain_hashes(tokens, size, parent)
-        translations = self._ours
-        translations.update(zip(engine_hashes, ours, strict=False))
-        self.index.stored(self.worker_id, ours)
-        self.stats.stored_blocks += usable
-        self.stats.skipped_blocks += count - usable
-        if len(translations) > self._max_translations:
-            self._prune_translations()
+        self._ours.update(zip(engine_hashes, ours, strict=False))
+        stats.stored_blocks += usable
+        return ours
 
-    def _removed(self, event: BlockRemoved) -> None:
-        if not self._wanted(event.medium, event.group_idx):
+    def _removed(self, event: BlockRemoved) -> list[BlockHash] | None:
+        """Our hashes of the event's blocks that we knew (translations dropped, index not yet updated)."""
+        engine_hashes, medium, group = event
+        if medium not in self.media or (group is not None and group != self.kv_group):
             self.stats.ignored_events += 1
-            return
+            return None
         pop = self._ours.pop
-        ours = [h for e in event.block_hashes if (h := pop(e, None)) is not None]
-        if ours:
+        ours = [h for e in engine_hashes if (h := pop(e, None)) is not None]
+        self.stats.removed_blocks += len(ours)
+        return ours
+
+    def _flush(self, ours: list[BlockHash], stored: bool) -> None:
+        if stored:
+            self.index.stored(self.worker_id, ours)
+            if len(self._ours) > self._max_translations:
+                self._prune_translations()
+        else:
             self.index.removed(self.worker_id, ours)
-            self.stats.removed_blocks += len(ours)
 
     def _cleared(self) -> None:
         self.stats.clears += 1
