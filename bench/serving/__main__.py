@@ -27,7 +27,7 @@ from bench.serving.workers import WorkerSet, read_counters, reset_prefix_caches,
 
 DEFAULTS = {
     # backend: (workers, requests, rate, prefix words, question words, max tokens, turns, think)
-    "sim": dict(workers=8, requests=240, rate=8.0, prefix_words=1500, question_words=60, max_tokens=24, turns=4,
+    "sim": dict(workers=8, requests=160, rate=8.0, prefix_words=4000, question_words=60, max_tokens=24, turns=4,
                 think=0.5),
     "vllm": dict(workers=3, requests=48, rate=0.6, prefix_words=350, question_words=25, max_tokens=12, turns=4,
                  think=0.5),
@@ -38,7 +38,8 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--backend", choices=["sim", "vllm"], default="sim")
-    p.add_argument("--workload", choices=[*workloads.WORKLOADS, "all"], default="all")
+    p.add_argument("--workload", default="all",
+                   help="comma-separated, from: " + ", ".join(workloads.WORKLOADS) + "; or all")
     p.add_argument("--arms", default=",".join(arms_mod.ARMS), help="comma-separated, from: " + ", ".join(arms_mod.ARMS))
     p.add_argument("--workers", type=int)
     p.add_argument("--requests", type=int, help="requests per arm")
@@ -119,7 +120,10 @@ def main() -> None:
         if name not in arms_mod.ARMS:
             raise SystemExit(f"unknown arm {name!r}; choose from {', '.join(arms_mod.ARMS)}")
         arm_names.append(name)  # type: ignore[arg-type]
-    chosen = list(workloads.WORKLOADS) if args.workload == "all" else [args.workload]
+    chosen = list(workloads.WORKLOADS) if args.workload == "all" else args.workload.split(",")
+    for workload in chosen:
+        if workload not in workloads.WORKLOADS:
+            raise SystemExit(f"unknown workload {workload!r}; choose from {', '.join(workloads.WORKLOADS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     run_dir = Path(tempfile.mkdtemp(prefix=f"serving-{args.backend}-"))
@@ -129,7 +133,7 @@ def main() -> None:
         for workload in chosen:
             shape = workloads.Shape(requests=args.requests, rate=args.rate, turns=args.turns, think_s=args.think,
                                     prefix_words=args.prefix_words, question_words=args.question_words)
-            schedule = workloads.build(workload, shape, seed=args.seed)
+            schedule = workloads.build(workload, shape, seed=args.seed)  # type: ignore[arg-type]
             rows = []
             for name in arm_names:
                 print(f"[{workload}] {name} ...", flush=True)
