@@ -48,6 +48,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--think", type=float, help="seconds between a conversation's turns")
     p.add_argument("--prefix-words", type=int, help="system prompt / shared document length, in words")
     p.add_argument("--question-words", type=int)
+    p.add_argument("--documents", type=int, default=4, help="shared documents (skewed: twice as many)")
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--kv-routing", default="{}", help="JSON merged into the KV-aware arm's kv_routing section")
@@ -132,7 +133,8 @@ def main() -> None:
     try:
         for workload in chosen:
             shape = workloads.Shape(requests=args.requests, rate=args.rate, turns=args.turns, think_s=args.think,
-                                    prefix_words=args.prefix_words, question_words=args.question_words)
+                                    prefix_words=args.prefix_words, question_words=args.question_words,
+                                    documents=args.documents)
             schedule = workloads.build(workload, shape, seed=args.seed)  # type: ignore[arg-type]
             rows = []
             for name in arm_names:

@@ -200,6 +200,7 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
                 elif len(live) > 1:
                     victim = rng.choice(live)
                     if action == "crash":
+                        assert victim.engine is not None  # a live worker has its engine
                         scheduler = victim.engine.scheduler
                         # On it: what its engine holds, or what the router has sent it (some still in transit).
                         busy = max(scheduler.num_running + scheduler.num_waiting, controller.load.count(victim.worker_id))
