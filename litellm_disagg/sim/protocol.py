@@ -42,7 +42,7 @@ class ChatMessage(BaseModel):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text or "" for part in self.content)
+        return "\n".join(part.text or "" for part in self.content)  # as vLLM joins text parts
 
 
 class StreamOptions(BaseModel):

@@ -54,7 +54,8 @@ class EventSettings(_Strict):
 
 class TokenizerSettings(_Strict):
     model_dirs: dict[str, str] = Field(default_factory=dict)
-    """Served model name -> a directory (or hub id available offline) with its tokenizer and chat template."""
+    """Served model name -> a directory (or hub id available offline) with its tokenizer and chat template, or
+    ``python:MODULE:FACTORY`` for a tokenizer that is not a Hugging Face one (see ``tokenizer.py``)."""
     http_fallback: bool = True
     """For a model without a directory (or when local tokenization fails): ask a worker's ``POST /tokenize``."""
     timeout_s: Positive = 2.0

@@ -12,6 +12,10 @@ Two ways, tried in order:
    Text prompts without special tokens (chat requests by default) are tokenized segment-wise through a token cache
    (``token_cache.py``): a conversation's next turn only tokenizes its new messages, with the same ids a whole
    encoding gives (checked per tokenizer at load; ``max_cached_tokens: 0`` turns it off).
+   Instead of a directory, ``python:MODULE:FACTORY`` names a factory that returns a tokenizer with the same
+   interface (``apply_chat_template(messages, tokenize=False, ...)`` returning text, and ``__call__(text,
+   add_special_tokens=...)`` returning ``input_ids``), for a model whose tokenizer is not a Hugging Face one (the
+   simulated worker's: ``python:litellm_disagg.sim.hf_tokenizer:load``).
 2. **Remote**, when there is no directory or the local path fails and ``http_fallback`` is on: the worker's
    ``POST /tokenize`` (vLLM's API: ``{"model", "messages", ...}`` or ``{"model", "prompt"}`` -> ``{"tokens"}``).
 
@@ -23,6 +27,7 @@ will answer that one itself.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import threading
 import time
@@ -193,7 +198,15 @@ def tokenize_body(model: str, endpoint: Endpoint, fields: Mapping[str, Any]) -> 
     return body
 
 
+FACTORY_PREFIX = "python:"
+
+
 def _load(directory: str) -> Any:
+    if directory.startswith(FACTORY_PREFIX):
+        module, _, factory = directory[len(FACTORY_PREFIX) :].partition(":")
+        if not module or not factory:
+            raise ValueError(f"{directory!r}: expected python:MODULE:FACTORY")
+        return getattr(importlib.import_module(module), factory)()
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(directory)
