@@ -31,6 +31,10 @@ COUNTERS = (
 )
 
 
+SIM_TOKENIZER = "python:litellm_disagg.sim.hf_tokenizer:load"
+"""The proxy tokenizes for simulated workers itself, as a production proxy does from the model's directory."""
+
+
 @dataclass(frozen=True)
 class Worker:
     worker_id: str
@@ -43,7 +47,8 @@ class WorkerSet:
     model: str
     """Served model name."""
     model_dir: str | None
-    """Where the proxy can read the model's tokenizer (None: ask the workers' ``/tokenize``)."""
+    """Where the proxy can read the model's tokenizer: a directory, or a ``python:`` factory (the simulator's);
+    None: ask the workers' ``/tokenize``."""
     registry_dir: Path
     workers: list[Worker]
     procs: list[subprocess.Popen[bytes]]
@@ -61,7 +66,7 @@ def start_sim(run_dir: Path, *, count: int, speedup: float, blocks: int, block_s
             "--max-model-len", "32768", "--drain-settle", "0", "--log-level", "WARNING"]
     proc = spawn(argv, log=run_dir / "sim.log")
     workers = _wait_registered(registry, "sim-model", count, [proc], timeout_s=60)
-    return WorkerSet("sim-model", None, registry, workers, [proc])
+    return WorkerSet("sim-model", SIM_TOKENIZER, registry, workers, [proc])
 
 
 def start_vllm(run_dir: Path, *, count: int, model_dir: str, served: str, kv_cache_mib: int, max_model_len: int,
