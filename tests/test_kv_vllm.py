@@ -121,8 +121,10 @@ async def test_a_cleared_cache_and_a_departed_worker_leave_the_index(workers, ti
 
     async def ask(user: str, worker: int) -> None:
         # Pinned by the request itself is not something the router offers: send straight to a worker's engine, as
-        # another router would; the engine's events must still reach this router's index.
-        body = {"model": "tiny", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
+        # another router would; the engine's events must still reach this router's index. A system prompt of its
+        # own: blocks an engine cached before this router subscribed have parents it never saw (skipped, by design).
+        system = f"Manual {worker} of this test, unlike the others. " + SYSTEM
+        body = {"model": "tiny", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
                 "max_tokens": 2, "temperature": 0}
         async with httpx.AsyncClient(timeout=120) as client:
             r = await client.post(f"{procs[worker].url}/v1/chat/completions", json=body)
