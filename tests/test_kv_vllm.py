@@ -39,19 +39,24 @@ def workers(tiny_model, tmp_path_factory):
             p.kill()
 
 
-async def test_repeated_prefix_goes_to_the_worker_holding_it(workers, tiny_model, caplog):
-    import logging
-    caplog.set_level(logging.DEBUG, logger="litellm_disagg.routing.strategy")
-    registry, procs = workers
+async def kv_router(registry, tiny_model):
+    """A Router with the plugin attached, KV routing in precise mode, aggregated (the workers are decode workers).
+    Predictions of where blocks land expire at once: routing must come from the engines' own events."""
     plugin = DisaggPlugin()
     router = litellm.Router(model_list=[], num_retries=0)
     settings = DisaggSettings(
         registry=FileRegistrySettings(path=str(registry), poll_interval_s=0.1),
-        # Predictions of where blocks land expire at once: routing must come from the engines' own events.
         kv_routing={"enabled": True, "seed": 0, "disaggregation": {"mode": "never"}, "index": {"predicted_ttl_s": 0.05},
                     "tokenizer": {"model_dirs": {"tiny": str(tiny_model)}}},
     )
-    controller = await plugin.attach(router, settings)
+    return plugin, router, await plugin.attach(router, settings)
+
+
+async def test_repeated_prefix_goes_to_the_worker_holding_it(workers, tiny_model, caplog):
+    import logging
+    caplog.set_level(logging.DEBUG, logger="litellm_disagg.routing.strategy")
+    registry, procs = workers
+    plugin, router, controller = await kv_router(registry, tiny_model)
     try:
         for _ in range(100):
             if len(controller.pool.decode_candidates("tiny")) == 2:
@@ -100,14 +105,7 @@ async def test_repeated_prefix_goes_to_the_worker_holding_it(workers, tiny_model
 async def test_a_cleared_cache_and_a_departed_worker_leave_the_index(workers, tiny_model):
     # Runs last in this module: it stops one of the module's workers.
     registry, procs = workers
-    plugin = DisaggPlugin()
-    router = litellm.Router(model_list=[], num_retries=0)
-    settings = DisaggSettings(
-        registry=FileRegistrySettings(path=str(registry), poll_interval_s=0.1),
-        kv_routing={"enabled": True, "seed": 0, "disaggregation": {"mode": "never"}, "index": {"predicted_ttl_s": 0.05},
-                    "tokenizer": {"model_dirs": {"tiny": str(tiny_model)}}},
-    )
-    controller = await plugin.attach(router, settings)
+    plugin, _router, controller = await kv_router(registry, tiny_model)
     kv = controller.kv
     assert kv is not None
     ids = [p.worker_id for p in procs]
