@@ -168,7 +168,8 @@ def test_worker_joins_at_runtime_and_drains_without_loss(stack):
     # Requests in flight on both decode workers while the new one drains: none is lost.
     def ask(i: int) -> str:
         msg = [{"role": "user", "content": f"request {i}: " + "count slowly " * 20}]
-        return stack.client().chat.completions.create(model="tiny", messages=msg, max_tokens=150, temperature=0).choices[0].message.content
+        # Long enough that the draining worker is seen busy (its running gauge is polled every 0.1 s).
+        return stack.client().chat.completions.create(model="tiny", messages=msg, max_tokens=400, temperature=0).choices[0].message.content
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(ask, i) for i in range(8)]
