@@ -6,15 +6,14 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
-from litellm_disagg.processes import spawn, stop
+from litellm_disagg.processes import spawn, stop, wait_until
+from litellm_disagg.stack import proxy_ready
 from litellm_disagg.workers.wrapper import free_port
 
 
@@ -39,16 +38,10 @@ def start(config: dict[str, Any], run_dir: Path, name: str, *, model: str, timeo
     proc = spawn([sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(path), "--host", "127.0.0.1",
                   "--port", str(port)], env=env, log=log)
     proxy = Proxy(f"http://127.0.0.1:{port}", key, proc, log)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the proxy for {name} exited; see {log}")
-        try:
-            r = httpx.get(f"{proxy.base_url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=2)
-            if r.status_code == 200 and any(m.get("id") == model for m in r.json().get("data", [])):
-                return proxy
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.5)
-    proxy.close()
-    raise TimeoutError(f"the proxy for {name} was not ready within {timeout_s:.0f} s; see {log}")
+    try:
+        wait_until(lambda: proxy_ready(proxy.base_url, key, model), timeout_s=timeout_s, interval_s=0.5,
+                   alive=lambda: proc.poll() is None, what=f"the proxy for {name} (see {log})")
+    except BaseException:
+        proxy.close()
+        raise
+    return proxy
