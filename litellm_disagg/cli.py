@@ -16,10 +16,10 @@ import os
 import sys
 from pathlib import Path
 
+from litellm_disagg.discovery.cli import add_registry_args, registry_from_args
+from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.runtime_config import WorkerRole
-from litellm_disagg.settings import FileRegistrySettings
 from litellm_disagg.version import __version__
-from litellm_disagg.workers.registry_cli import add_registry_args, registry_from_args
 
 MIB = 1024 * 1024
 

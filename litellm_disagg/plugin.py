@@ -26,12 +26,12 @@ from typing import Any, ClassVar
 import yaml
 from litellm.integrations.custom_logger import CustomLogger
 
+from litellm_disagg.discovery.factory import make_registry
+from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.routing.controller import DisaggController
 from litellm_disagg.routing.deployments import worker_id_of
 from litellm_disagg.routing.request import record_call_type, strip_transfer_params
 from litellm_disagg.settings import DisaggSettings
-from litellm_disagg.workers.registry import Registry
-from litellm_disagg.workers.registry_factory import make_registry
 
 logger = logging.getLogger("litellm_disagg")
 

@@ -1,121 +1,22 @@
-"""Settings of the proxy plugin, with every default in one place.
+"""Settings of the proxy plugin; every default lives in the settings class that owns it.
 
 They are read from the ``litellm_disagg:`` section of the LiteLLM proxy config (the same ``proxy_config.yaml``;
 LiteLLM ignores sections it does not know). Environment variables override single values where noted, so a
 deployment can change them without editing the file.
+
+This module composes: each discovery backend owns its settings class (``discovery/file/settings.py``,
+``discovery/consul/settings.py``), KV-aware routing owns ``routing/kv/settings.py``; the YAML shape is theirs.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, SecretStr, Tag, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
+from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
-
-ENV_REGISTRY_DIR = "LITELLM_DISAGG_REGISTRY_DIR"
-
-
-def default_registry_dir() -> str:
-    """The file registry directory: ``$LITELLM_DISAGG_REGISTRY_DIR``, else ``~/.cache/litellm-disagg/registry``."""
-    return os.environ.get(ENV_REGISTRY_DIR) or str(Path.home() / ".cache" / "litellm-disagg" / "registry")
-
-
-class FileRegistrySettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    backend: Literal["file"] = "file"
-    path: str = Field(default_factory=default_registry_dir)
-    ttl_s: Annotated[float, Field(gt=0)] = 10.0
-    """An entry whose heartbeat is older than this is ignored."""
-    poll_interval_s: Annotated[float, Field(gt=0)] = 0.25
-    """How often routers look for changes (a change is seen within this)."""
-    heartbeat_interval_s: Annotated[float, Field(gt=0)] = 2.0
-    """How often workers refresh their entry (keep well under ``ttl_s``)."""
-
-
-class ConsulRegistrySettings(BaseModel):
-    """Discovery through Consul (``docs/consul.md``).
-
-    Connection fields left unset fall back to Consul's own environment variables, exactly as the ``consul`` CLI does
-    (``CONSUL_HTTP_ADDR``, ``CONSUL_HTTP_TOKEN``, ``CONSUL_CACERT``...); a value set here wins over the environment.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    backend: Literal["consul"] = "consul"
-
-    # -- connection (unset: from the environment, like the consul CLI) ----------------------------------------------
-    address: str | None = None
-    """``host:port``, ``http(s)://host:port`` or ``unix:///path``. Env ``CONSUL_HTTP_ADDR``, else ``127.0.0.1:8500``."""
-    ssl: bool | None = None
-    """Use https for an address without a scheme. Env ``CONSUL_HTTP_SSL``."""
-    tls_skip_verify: bool | None = None
-    """Do not verify the server certificate. Env ``CONSUL_HTTP_SSL_VERIFY=false``."""
-    token: SecretStr | None = None
-    """ACL token, sent as ``X-Consul-Token``. Env ``CONSUL_HTTP_TOKEN``."""
-    token_file: str | None = None
-    """File holding the ACL token. Env ``CONSUL_HTTP_TOKEN_FILE``."""
-    ca_cert: str | None = None
-    """CA bundle to verify the server. Env ``CONSUL_CACERT``."""
-    ca_path: str | None = None
-    """Directory of CA certificates. Env ``CONSUL_CAPATH``."""
-    client_cert: str | None = None
-    """Client certificate for mutual TLS. Env ``CONSUL_CLIENT_CERT``."""
-    client_key: str | None = None
-    """Key of the client certificate. Env ``CONSUL_CLIENT_KEY``."""
-    tls_server_name: str | None = None
-    """Server name for SNI and certificate verification. Env ``CONSUL_TLS_SERVER_NAME``."""
-    datacenter: str | None = None
-    """Datacenter to discover workers in (``?dc=``); default: the agent's own."""
-    namespace: str | None = None
-    """Consul Enterprise namespace (``?ns=``). Env ``CONSUL_NAMESPACE``."""
-
-    # -- naming ------------------------------------------------------------------------------------------------------
-    service_name: Annotated[str, Field(min_length=1, max_length=128)] | None = None
-    """One Consul service name for every worker; unset: one service per model, ``<service_prefix><model>``."""
-    service_prefix: Annotated[str, Field(min_length=1, max_length=40, pattern=r"^[a-z0-9][a-z0-9-]*$")] = (
-        "litellm-disagg-"
-    )
-    tag: Annotated[str, Field(min_length=1, max_length=64)] = "litellm-disagg"
-    """Tag on every worker's service; routers only read services carrying it."""
-    kv_prefix: Annotated[str, Field(min_length=1, pattern=r"^[^/].*[^/]$|^[^/]$")] = "litellm-disagg/workers"
-    """KV prefix for configs too large for service Meta (``<kv_prefix>/<worker_id>/<digest>``)."""
-
-    # -- health ------------------------------------------------------------------------------------------------------
-    check: Literal["ttl", "http"] = "ttl"
-    """``ttl``: workers heartbeat a TTL check. ``http``: the Consul agent polls the worker's ``/health``."""
-    check_ttl_s: Annotated[float, Field(gt=0)] = 10.0
-    """TTL of the heartbeat check: a worker silent this long turns critical and leaves discovery."""
-    check_interval_s: Annotated[float, Field(gt=0)] = 5.0
-    """How often the agent polls ``/health`` (``check: http``)."""
-    check_timeout_s: Annotated[float, Field(gt=0)] = 2.0
-    """Timeout of one ``/health`` poll (``check: http``)."""
-    deregister_critical_after_s: Annotated[float, Field(gt=0)] = 60.0
-    """A service critical this long is removed by Consul (which enforces a minimum of one minute)."""
-    heartbeat_interval_s: Annotated[float, Field(gt=0)] = 2.0
-    """How often workers pass their TTL check (keep well under ``check_ttl_s``)."""
-
-    # -- reading -----------------------------------------------------------------------------------------------------
-    wait_s: Annotated[float, Field(gt=0, le=600)] = 30.0
-    """Longest a blocking query waits for a change (Consul caps it at 10 minutes)."""
-    min_query_interval_s: Annotated[float, Field(ge=0)] = 0.05
-    """Rate limit between two blocking queries on the same resource."""
-    request_timeout_s: Annotated[float, Field(gt=0)] = 5.0
-    """Timeout of a non-blocking request (a blocking one gets ``wait_s`` on top)."""
-    retry_min_s: Annotated[float, Field(gt=0)] = 0.5
-    retry_max_s: Annotated[float, Field(gt=0)] = 10.0
-    """Backoff between retries while Consul is unreachable."""
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ConsulRegistrySettings:
-        if self.check == "ttl" and self.heartbeat_interval_s >= self.check_ttl_s:
-            raise ValueError("heartbeat_interval_s must be shorter than check_ttl_s")
-        if self.retry_min_s > self.retry_max_s:
-            raise ValueError("retry_min_s must not exceed retry_max_s")
-        return self
 
 
 def _registry_backend(value: Any) -> str:
@@ -129,7 +30,9 @@ RegistrySettings = Annotated[
     Annotated[FileRegistrySettings, Tag("file")] | Annotated[ConsulRegistrySettings, Tag("consul")],
     Discriminator(_registry_backend),
 ]
-"""Either registry backend, chosen by ``backend`` (default ``file``)."""
+"""The settings of one registry backend, chosen by ``backend`` (default ``file``). Each backend owns its settings
+class (``discovery/<backend>/settings.py``); a new backend adds one tag here and one line to
+``discovery.factory.BACKENDS``."""
 
 
 class DisaggSettings(BaseModel):

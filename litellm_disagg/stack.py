@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from litellm_disagg.discovery.file.settings import ENV_REGISTRY_DIR
 from litellm_disagg.processes import spawn, stop, wait_until
-from litellm_disagg.settings import ENV_REGISTRY_DIR
 
 STATE_DIR = Path.home() / ".cache" / "litellm-disagg"
 
@@ -110,7 +110,7 @@ def run_stack(args: argparse.Namespace) -> int:
 def _wait_both_roles(registry: str, served: str, stopping: threading.Event, procs: dict[str, subprocess.Popen[bytes]]) -> None:
     import asyncio
 
-    from litellm_disagg.workers.file_registry import FileRegistry
+    from litellm_disagg.discovery.file.registry import FileRegistry
 
     def both_ready() -> bool:
         roles = {c.role.value for c in asyncio.run(FileRegistry(registry).snapshot()) if c.model == served and c.routable}

@@ -11,6 +11,8 @@ import datetime
 import json
 import logging
 import ssl
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -19,18 +21,20 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client import REGISTRY
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
+from litellm_disagg.discovery.cli import add_registry_args, registry_settings_from_args
+from litellm_disagg.discovery.consul import codec
+from litellm_disagg.discovery.consul.endpoint import ConsulEndpoint
+from litellm_disagg.discovery.consul.http import ConsulDenied
+from litellm_disagg.discovery.consul.registry import ConsulRegistry
+from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
+from litellm_disagg.discovery.factory import make_registry
+from litellm_disagg.discovery.file.registry import FileRegistry
+from litellm_disagg.discovery.file.settings import FileRegistrySettings
+from litellm_disagg.discovery.registry import RegistryError
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
-from litellm_disagg.settings import ConsulRegistrySettings, DisaggSettings, FileRegistrySettings
-from litellm_disagg.workers import consul_codec
-from litellm_disagg.workers.consul_endpoint import ConsulEndpoint
-from litellm_disagg.workers.consul_http import ConsulDenied
-from litellm_disagg.workers.consul_registry import ConsulRegistry
-from litellm_disagg.workers.file_registry import FileRegistry
-from litellm_disagg.workers.registry import RegistryError
-from litellm_disagg.workers.registry_cli import add_registry_args, registry_settings_from_args
-from litellm_disagg.workers.registry_factory import make_registry
+from litellm_disagg.settings import DisaggSettings
 
 from .consul_double import ConsulDouble
 from .support.registry_watch import WatchCollector, eventually
@@ -91,7 +95,7 @@ BAD_META = {
 @pytest.mark.parametrize("case", sorted(BAD_META))
 async def test_meta_rules_match_what_consul_refuses(case: str, double: ConsulDouble) -> None:
     meta = BAD_META[case]
-    assert consul_codec.meta_problem(meta) is not None
+    assert codec.meta_problem(meta) is not None
     async with httpx.AsyncClient(base_url=double.url, trust_env=False) as client:
         response = await client.put("/v1/agent/service/register", json={"Name": "x", "Meta": meta})
     assert response.status_code == 400
@@ -101,16 +105,16 @@ async def test_meta_rules_match_what_consul_refuses(case: str, double: ConsulDou
 
 def test_meta_at_the_limits_is_fine() -> None:
     meta = {f"k{i}": "v" * 512 for i in range(63)} | {"k" * 128: "模" * 170}
-    assert consul_codec.meta_problem(meta) is None
+    assert codec.meta_problem(meta) is None
 
 
 def test_small_config_round_trips_through_meta() -> None:
     config = make_config("w-1", started_at=1712345678.123456)
-    encoded = consul_codec.encode(config, kv_prefix="litellm-disagg/workers")
+    encoded = codec.encode(config, kv_prefix="litellm-disagg/workers")
     assert encoded.kv is None
     assert encoded.meta["kv_capacity_blocks"] == "4096" and encoded.meta["role"] == "decode"
-    assert consul_codec.meta_problem(encoded.meta) is None
-    assert consul_codec.decode_meta(encoded.meta) == config
+    assert codec.meta_problem(encoded.meta) is None
+    assert codec.decode_meta(encoded.meta) == config
 
 
 async def test_published_meta_is_flat_strings(double: ConsulDouble, registries: Callable[..., ConsulRegistry]) -> None:
@@ -129,7 +133,7 @@ async def test_large_config_goes_to_kv(double: ConsulDouble, registries: Callabl
     assert meta["ld_format"] == "kv-1"
     assert meta["ld_kv_key"].startswith("litellm-disagg/workers/w-big/")
     assert "model" not in meta and meta["role"] == "decode"  # the short fields that fit, for people
-    assert consul_codec.meta_problem(meta) is None
+    assert codec.meta_problem(meta) is None
     assert double.kv_keys() == [meta["ld_kv_key"]]
     assert await reader.snapshot() == [config]
 
@@ -189,10 +193,10 @@ async def test_one_configured_service_name(double: ConsulDouble, registries: Cal
 
 
 def test_service_names_are_dns_friendly() -> None:
-    assert consul_codec.service_name_for("Qwen/Qwen2.5-0.5B", "litellm-disagg-") == "litellm-disagg-qwen-qwen2-5-0-5b"
-    long = consul_codec.service_name_for("org/" + "very-long-model-name-" * 5, "litellm-disagg-")
+    assert codec.service_name_for("Qwen/Qwen2.5-0.5B", "litellm-disagg-") == "litellm-disagg-qwen-qwen2-5-0-5b"
+    long = codec.service_name_for("org/" + "very-long-model-name-" * 5, "litellm-disagg-")
     assert len(long) <= 63 and long.startswith("litellm-disagg-org-very-long")
-    assert long != consul_codec.service_name_for("org/" + "very-long-model-name-" * 6, "litellm-disagg-")
+    assert long != codec.service_name_for("org/" + "very-long-model-name-" * 6, "litellm-disagg-")
 
 
 async def test_foreign_services_are_ignored(
@@ -634,6 +638,33 @@ async def test_factory_builds_either_backend(tmp_path: Path) -> None:
     await consul.close()
 
 
+def test_factory_refuses_an_unknown_backend() -> None:
+    class Etcd(BaseModel):
+        backend: str = "etcd"
+
+    with pytest.raises(ValueError, match="unknown registry backend 'etcd'"):
+        make_registry(Etcd())  # type: ignore[arg-type]
+
+
+def test_a_file_backed_proxy_never_imports_the_consul_backend(tmp_path: Path) -> None:
+    """The Consul backend registers the discovery gauge on import; a proxy on the file registry must not export it."""
+    script = f"""
+import sys
+from prometheus_client import REGISTRY
+from litellm_disagg.discovery.factory import make_registry
+from litellm_disagg.settings import DisaggSettings
+settings = DisaggSettings.from_proxy_config({{"litellm_disagg": {{"registry": {{"path": {str(tmp_path)!r}}}}}}})
+make_registry(settings.registry)
+loaded = sorted(m for m in sys.modules if m.startswith("litellm_disagg.discovery."))
+print(loaded)
+assert "litellm_disagg.discovery.consul.registry" not in sys.modules, loaded
+assert "litellm_disagg.discovery.status" not in sys.modules, loaded
+assert REGISTRY.get_sample_value("litellm_disagg_discovery_up") is None
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 def test_command_line_flags() -> None:
     parser = argparse.ArgumentParser()
     add_registry_args(parser)
@@ -655,5 +686,5 @@ def test_command_line_flags() -> None:
 
 
 def test_meta_values_are_json_numbers_not_python_reprs() -> None:
-    meta = consul_codec.encode(make_config("w-1", started_at=1.5e9), kv_prefix="p").meta
+    meta = codec.encode(make_config("w-1", started_at=1.5e9), kv_prefix="p").meta
     assert json.loads(meta["started_at"]) == 1.5e9 and meta["tensor_parallel_size"] == "1"

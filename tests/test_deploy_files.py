@@ -7,7 +7,9 @@ import pytest
 import yaml
 
 from litellm_disagg import cli
-from litellm_disagg.settings import ConsulRegistrySettings, DisaggSettings, FileRegistrySettings
+from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
+from litellm_disagg.discovery.file.settings import FileRegistrySettings
+from litellm_disagg.settings import DisaggSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,10 +5,11 @@ import asyncio
 
 import litellm
 
+from litellm_disagg.discovery.consul.registry import ConsulRegistry
+from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.plugin import DisaggPlugin
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerState
-from litellm_disagg.settings import ConsulRegistrySettings, DisaggSettings
-from litellm_disagg.workers.consul_registry import ConsulRegistry
+from litellm_disagg.settings import DisaggSettings
 
 from .consul_double import ConsulDouble
 from .support.fake_worker import ANSWER, FakeWorker

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
+from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.runtime_config import RuntimeConfig
-from litellm_disagg.workers.file_registry import FileRegistry
 
 from .test_runtime_config import VALID
 
@@ -50,7 +50,7 @@ async def test_broken_entries_are_skipped_and_logged_once(tmp_path, caplog):
 
 
 async def test_unwritable_directory_raises_registry_error(tmp_path):
-    from litellm_disagg.workers.registry import RegistryError
+    from litellm_disagg.discovery.registry import RegistryError
 
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -1,4 +1,4 @@
-"""The Registry contract (workers/registry.py), checked against every backend by one parametrized suite.
+"""The Registry contract (discovery/registry.py), checked against every backend by one parametrized suite.
 
 Each backend comes with a harness that builds registries sharing one store (a directory for ``file``, the Consul
 test double for ``consul``) and that can write broken entries straight into that store, bypassing the backend.
@@ -18,11 +18,11 @@ from typing import Any, Protocol
 import httpx
 import pytest
 
+from litellm_disagg.discovery.consul.registry import ConsulRegistry
+from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
+from litellm_disagg.discovery.file.registry import FileRegistry
+from litellm_disagg.discovery.registry import Registry, RegistryError
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
-from litellm_disagg.settings import ConsulRegistrySettings
-from litellm_disagg.workers.consul_registry import ConsulRegistry
-from litellm_disagg.workers.file_registry import FileRegistry
-from litellm_disagg.workers.registry import Registry, RegistryError
 
 from .consul_double import ConsulDouble
 from .support.registry_watch import WatchCollector, eventually

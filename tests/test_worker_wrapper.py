@@ -5,8 +5,8 @@ import io
 import signal
 import sys
 
+from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.runtime_config import WorkerRole, WorkerState
-from litellm_disagg.workers.file_registry import FileRegistry
 from litellm_disagg.workers.vllm_command import VllmOptions
 from litellm_disagg.workers.wrapper import LifecycleOptions, WorkerWrapper
 

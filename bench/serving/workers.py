@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 
+from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.processes import spawn, stop
 from litellm_disagg.runtime_config import RuntimeConfig
-from litellm_disagg.workers.file_registry import FileRegistry
 
 COUNTERS = (
     "vllm:prefix_cache_queries_total",

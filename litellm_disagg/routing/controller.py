@@ -15,6 +15,7 @@ import contextlib
 import logging
 from typing import Any
 
+from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.routing import deployments
 from litellm_disagg.routing.kv.router import KVRouter
 from litellm_disagg.routing.load import FailureCooldown, InflightTracker
@@ -24,7 +25,6 @@ from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.strategy import DECODE_KEY_PREFIX, DisaggRoutingStrategy
 from litellm_disagg.settings import DisaggSettings
 from litellm_disagg.transfer.prefill import PrefillClient
-from litellm_disagg.workers.registry import Registry
 
 logger = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from litellm_disagg.settings import FileRegistrySettings, default_registry_dir
+from litellm_disagg.discovery.file.registry import FileRegistry
+from litellm_disagg.discovery.file.settings import FileRegistrySettings, default_registry_dir
 from litellm_disagg.sim.cluster import SimCluster
 from litellm_disagg.sim.settings import EngineSettings, SimSettings, TimingSettings
-from litellm_disagg.workers.file_registry import FileRegistry
 
 
 def parser() -> argparse.ArgumentParser:

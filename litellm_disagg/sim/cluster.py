@@ -15,11 +15,11 @@ import asyncio
 import itertools
 from types import TracebackType
 
+from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.sim.directory import DIRECTORY, EngineDirectory
 from litellm_disagg.sim.settings import SimSettings
 from litellm_disagg.sim.worker import SimWorker, SimWorkerState
-from litellm_disagg.workers.registry import Registry
 
 
 class SimCluster:

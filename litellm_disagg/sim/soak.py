@@ -18,11 +18,12 @@ from typing import Any
 
 import httpx
 
+from litellm_disagg.discovery.file.registry import FileRegistry
+from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.runtime_config import WorkerRole
-from litellm_disagg.settings import DisaggSettings, FileRegistrySettings
+from litellm_disagg.settings import DisaggSettings
 from litellm_disagg.sim.cluster import SimCluster
 from litellm_disagg.sim.settings import SimSettings
-from litellm_disagg.workers.file_registry import FileRegistry
 
 
 @dataclass(frozen=True)
@@ -203,7 +204,7 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
                         assert victim.engine is not None  # a live worker has its engine
                         scheduler = victim.engine.scheduler
                         # On it: what its engine holds, or what the router has sent it (some still in transit).
-                        busy = max(scheduler.num_running + scheduler.num_waiting, controller.load.count(victim.worker_id))
+                        busy = max(scheduler.num_running + scheduler.num_waiting, controller.accounting.requests(victim.worker_id))
                         if role is WorkerRole.DECODE:
                             report.cut_by_crashes += busy
                         await cluster.crash(victim.worker_id)

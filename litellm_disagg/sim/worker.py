@@ -25,13 +25,13 @@ from enum import StrEnum
 
 import uvicorn
 
+from litellm_disagg.discovery.registry import Registry, RegistryError
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
 from litellm_disagg.sim.directory import DIRECTORY, EngineDirectory
 from litellm_disagg.sim.engine import SimEngine
 from litellm_disagg.sim.publisher import KVEventPublisher
 from litellm_disagg.sim.server import ServerState, build_app
 from litellm_disagg.sim.settings import SimSettings
-from litellm_disagg.workers.registry import Registry, RegistryError
 
 logger = logging.getLogger(__name__)
 

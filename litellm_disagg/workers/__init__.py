@@ -1,7 +1,6 @@
-"""Workers: discovery (the ``Registry`` interface and its backends) and the vLLM worker wrapper.
+"""Workers: run one vLLM engine as a discoverable, drainable litellm-disagg worker.
 
-Reading order: ``registry`` (the interface), ``file_registry`` (the embedded default backend), ``consul_registry``
-(the cluster backend, built from ``consul_endpoint``, ``consul_http``, ``consul_codec``, ``consul_reader``,
-``consul_watch`` and ``discovery_status``), ``registry_factory`` and ``registry_cli``, then ``vllm_command`` (what command line a role gets), ``engine_probe`` (what a running engine reports about
-itself), ``wrapper`` (the lifecycle: start, register, heartbeat, drain, stop).
+Reading order: ``vllm_command`` (what command line a role gets), ``engine_probe`` (what a running engine reports about
+itself), ``wrapper`` (the lifecycle: start, register, heartbeat, drain, stop). Discovery itself (the ``Registry``
+interface and its backends) is ``litellm_disagg.discovery``.
 """

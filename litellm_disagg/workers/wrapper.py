@@ -26,9 +26,9 @@ from typing import TextIO
 
 import httpx
 
+from litellm_disagg.discovery.registry import Registry, RegistryError
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
 from litellm_disagg.workers import engine_probe
-from litellm_disagg.workers.registry import Registry, RegistryError
 from litellm_disagg.workers.vllm_command import VllmOptions, vllm_argv, vllm_env
 
 logger = logging.getLogger(__name__)

@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.runtime_config import WorkerRole, WorkerState
 from litellm_disagg.sim import SimCluster, SimWorkerState
 from litellm_disagg.workers import engine_probe
-from litellm_disagg.workers.file_registry import FileRegistry
 
 from .conftest import chat_body, fast_settings
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import httpx
 
+from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.routing.kv.settings import TokenizerSettings
 from litellm_disagg.routing.kv.tokenizer import PromptTokenizer
 from litellm_disagg.sim import SimCluster
 from litellm_disagg.transfer.vllm import Endpoint
-from litellm_disagg.workers.file_registry import FileRegistry
 
 from .conftest import fast_settings
 

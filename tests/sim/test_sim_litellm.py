@@ -12,11 +12,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetc
 
 litellm = pytest.importorskip("litellm")
 
+from litellm_disagg.discovery.file.registry import FileRegistry  # noqa: E402
+from litellm_disagg.discovery.file.settings import FileRegistrySettings  # noqa: E402
 from litellm_disagg.plugin import DisaggPlugin  # noqa: E402
 from litellm_disagg.runtime_config import WorkerRole  # noqa: E402
-from litellm_disagg.settings import DisaggSettings, FileRegistrySettings  # noqa: E402
+from litellm_disagg.settings import DisaggSettings  # noqa: E402
 from litellm_disagg.sim import SimCluster  # noqa: E402
-from litellm_disagg.workers.file_registry import FileRegistry  # noqa: E402
 
 from .conftest import by_source, fast_settings  # noqa: E402
 

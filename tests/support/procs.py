@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 
+from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.processes import kill_tree, spawn, stop, wait_until
 from litellm_disagg.runtime_config import RuntimeConfig
-from litellm_disagg.workers.file_registry import FileRegistry
 
 from .net import free_port
 

@@ -8,8 +8,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.runtime_config import RuntimeConfig
-from litellm_disagg.workers.registry import Registry
 
 
 async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float = 3.0, interval_s: float = 0.02) -> None:

@@ -1,8 +1,6 @@
 """The Consul registry: workers are Consul services, routers follow them with blocking queries.
 
-Reading order: ``consul_endpoint`` (address, token and TLS from settings and ``CONSUL_*``), ``consul_http`` (the
-HTTP client and its errors), ``consul_codec`` (RuntimeConfig <-> Meta or KV, pure), ``consul_reader`` (decoding
-health entries), ``consul_watch`` (blocking-query loops), then this module, which puts them together:
+This module puts the package's parts together (the package docstring gives the reading order):
 
 Worker side
     ``publish(config)``
@@ -21,11 +19,11 @@ Router side
         ``GET /v1/catalog/services`` -> services with our tag and name, then ``GET /v1/health/service/<name>?passing``
         for each. Raises ``RegistryError`` when Consul cannot be read.
     ``watch()``
-        The same, as blocking queries (``consul_watch``); never ends before ``close()``, survives outages.
+        The same, as blocking queries (``watch``); never ends before ``close()``, survives outages.
     ``discovery_up`` / gauge ``litellm_disagg_discovery_up``
         Whether the last discovery read reached Consul.
 
-Why plain httpx and not py-consul's ``consul.aio``: see ``consul_http``.
+Why our own httpx client and not py-consul: see the package docstring.
 """
 
 from __future__ import annotations
@@ -36,9 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from litellm_disagg.runtime_config import RuntimeConfig
-from litellm_disagg.settings import ConsulRegistrySettings
-from litellm_disagg.workers.consul_codec import (
+from litellm_disagg.discovery.consul.codec import (
     ConfigTooLarge,
     KvDocument,
     address_and_port,
@@ -48,12 +44,14 @@ from litellm_disagg.workers.consul_codec import (
     service_tags,
     worker_id_prefix,
 )
-from litellm_disagg.workers.consul_endpoint import ConsulEndpoint
-from litellm_disagg.workers.consul_http import ConsulError, ConsulHttp, ConsulHTTPError
-from litellm_disagg.workers.consul_reader import ConsulReader
-from litellm_disagg.workers.consul_watch import ConsulWatch
-from litellm_disagg.workers.discovery_status import DiscoveryStatus
-from litellm_disagg.workers.registry import RegistryError
+from litellm_disagg.discovery.consul.endpoint import ConsulEndpoint
+from litellm_disagg.discovery.consul.http import ConsulError, ConsulHttp, ConsulHTTPError
+from litellm_disagg.discovery.consul.reader import ConsulReader
+from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
+from litellm_disagg.discovery.consul.watch import ConsulWatch
+from litellm_disagg.discovery.registry import RegistryError
+from litellm_disagg.discovery.status import DiscoveryStatus
+from litellm_disagg.runtime_config import RuntimeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +77,10 @@ class ConsulRegistry:
         self._published: dict[str, _Published] = {}
         self._watches: set[ConsulWatch] = set()
         self._closed = False
+
+    @classmethod
+    def from_settings(cls, settings: ConsulRegistrySettings) -> ConsulRegistry:
+        return cls(settings)
 
     def __repr__(self) -> str:
         return f"ConsulRegistry({self.endpoint!r})"

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from litellm_disagg.settings import ConsulRegistrySettings
+from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 
 DEFAULT_ADDRESS = "127.0.0.1:8500"
 

@@ -23,12 +23,12 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
+from litellm_disagg.discovery.consul.codec import go_duration
+from litellm_disagg.discovery.consul.http import ConsulError
+from litellm_disagg.discovery.consul.reader import ConsulReader, ServiceConfigs, ServiceNames
+from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
+from litellm_disagg.discovery.status import DiscoveryStatus
 from litellm_disagg.runtime_config import RuntimeConfig
-from litellm_disagg.settings import ConsulRegistrySettings
-from litellm_disagg.workers.consul_codec import go_duration
-from litellm_disagg.workers.consul_http import ConsulError
-from litellm_disagg.workers.consul_reader import ConsulReader, ServiceConfigs, ServiceNames
-from litellm_disagg.workers.discovery_status import DiscoveryStatus
 
 logger = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from litellm_disagg.discovery.consul.codec import KvReference, decode_kv, decode_meta
+from litellm_disagg.discovery.consul.http import ConsulDenied, ConsulHttp
+from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.runtime_config import RuntimeConfig
-from litellm_disagg.settings import ConsulRegistrySettings
-from litellm_disagg.workers.consul_codec import KvReference, decode_kv, decode_meta
-from litellm_disagg.workers.consul_http import ConsulDenied, ConsulHttp
 
 logger = logging.getLogger(__name__)
 

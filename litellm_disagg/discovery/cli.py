@@ -1,16 +1,18 @@
 """Command-line flags that choose and configure a registry backend (shared by the ``worker`` and ``workers`` commands).
 
 The ``--consul-*`` flags mirror the ``consul`` CLI's: each one left out falls back to the same environment variable
-(``CONSUL_HTTP_ADDR``, ``CONSUL_HTTP_TOKEN``...), resolved in one place, ``workers/consul_endpoint.py``.
+(``CONSUL_HTTP_ADDR``, ``CONSUL_HTTP_TOKEN``...), resolved in one place, ``discovery/consul/endpoint.py``.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from litellm_disagg.settings import ConsulRegistrySettings, FileRegistrySettings, RegistrySettings, default_registry_dir
-from litellm_disagg.workers.registry import Registry
-from litellm_disagg.workers.registry_factory import make_registry
+from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
+from litellm_disagg.discovery.factory import make_registry
+from litellm_disagg.discovery.file.settings import FileRegistrySettings, default_registry_dir
+from litellm_disagg.discovery.registry import Registry
+from litellm_disagg.settings import RegistrySettings
 
 _CONSUL_FLAGS: tuple[tuple[str, str, str], ...] = (
     # flag, settings field, help

@@ -3,16 +3,14 @@
 Every request carries the token header, ``?dc=``/``?ns=`` where they apply, and the TLS server name; every answer
 comes back as a ``ConsulResponse`` with the ``X-Consul-Index`` already parsed. Failures are mapped once, here::
 
-    RegistryError                      (workers/registry.py)
+    RegistryError                      (discovery/registry.py)
      └── ConsulError
           ├── ConsulUnreachable        connection refused or reset, timeout, TLS failure: Consul did not answer
           └── ConsulHTTPError          Consul answered with an unexpected status (.status, .reason)
                └── ConsulDenied        403: ACL not found, or permission denied
 
-Plain httpx rather than py-consul's ``consul.aio``: the registry needs the raw ``X-Consul-Index``, the
-``X-Consul-Results-Filtered-By-ACLs`` header, per-request timeouts longer than a blocking query's wait, and an
-``ssl.SSLContext`` with a separate TLS server name, all of which are direct in httpx; and a typed thin layer is easier
-to test against a double than a wrapped client.
+Why our own client on httpx rather than py-consul: see the package docstring. A typed thin layer is also easier to
+test against a double than a wrapped client.
 """
 
 from __future__ import annotations
@@ -24,8 +22,8 @@ from typing import Any
 
 import httpx
 
-from litellm_disagg.workers.consul_endpoint import ConsulEndpoint
-from litellm_disagg.workers.registry import RegistryError
+from litellm_disagg.discovery.consul.endpoint import ConsulEndpoint
+from litellm_disagg.discovery.registry import RegistryError
 
 
 class ConsulError(RegistryError):

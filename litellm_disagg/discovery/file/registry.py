@@ -20,8 +20,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from litellm_disagg.discovery.file.settings import FileRegistrySettings
+from litellm_disagg.discovery.registry import RegistryError
 from litellm_disagg.runtime_config import RuntimeConfig
-from litellm_disagg.workers.registry import RegistryError
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,10 @@ class FileRegistry:
         self._published: dict[str, RuntimeConfig] = {}
         self._closed = asyncio.Event()
         self._warned: set[tuple[str, float]] = set()
+
+    @classmethod
+    def from_settings(cls, settings: FileRegistrySettings) -> FileRegistry:
+        return cls(settings.path, ttl_s=settings.ttl_s, poll_interval_s=settings.poll_interval_s)
 
     # -- writer side -------------------------------------------------------------------------------------------------
 
