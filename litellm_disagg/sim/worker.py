@@ -1,6 +1,6 @@
 """One simulated worker: engine + HTTP server + (optional) KV event publisher, registered like a real worker.
 
-Lifecycle, as the vLLM worker wrapper does it::
+Lifecycle (the discovery side is ``workers.lifecycle``, shared with the vLLM worker wrapper)::
 
     start: engine, publisher, HTTP server on a free 127.0.0.1 port -> publish READY -> heartbeat ...
     drain: publish DRAINING -> wait until the engine is idle (nothing in flight, no KV held for a decode) for
@@ -10,30 +10,28 @@ Lifecycle, as the vLLM worker wrapper does it::
     stop:  withdraw, then stop at once
 
 The NIXL side-channel port published in the RuntimeConfig is a real port reserved (bound, never listening) for the
-worker's lifetime, so it is unique among everything on the machine.
+worker's lifetime, so it is unique among everything on the machine. A worker without a registry is reachable by its
+URL only: its lifecycle publishes to ``_Unlisted``, which keeps nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import socket
-import time
 from collections.abc import Generator
 from enum import StrEnum
 
 import uvicorn
 
-from litellm_disagg.discovery.registry import Registry, RegistryError
+from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
 from litellm_disagg.sim.directory import DIRECTORY, EngineDirectory
 from litellm_disagg.sim.engine import SimEngine
 from litellm_disagg.sim.publisher import KVEventPublisher
 from litellm_disagg.sim.server import ServerState, build_app
 from litellm_disagg.sim.settings import SimSettings
-
-logger = logging.getLogger(__name__)
+from litellm_disagg.workers.lifecycle import DrainOutcome, DrainPolicy, EngineActivity, WorkerLifecycle
 
 
 class SimWorkerState(StrEnum):
@@ -42,6 +40,19 @@ class SimWorkerState(StrEnum):
     DRAINING = "draining"
     STOPPED = "stopped"
     CRASHED = "crashed"
+
+
+class _Unlisted:
+    """The registry of a worker nobody discovers: publishing, heartbeating and withdrawing do nothing."""
+
+    async def publish(self, config: RuntimeConfig) -> None:
+        return None
+
+    async def heartbeat(self, worker_id: str) -> None:
+        return None
+
+    async def withdraw(self, worker_id: str) -> None:
+        return None
 
 
 class _Server(uvicorn.Server):
@@ -80,7 +91,7 @@ class SimWorker:
         self._nixl_sock: socket.socket | None = None
         self._server: _Server | None = None
         self._serve_task: asyncio.Task[None] | None = None
-        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._lifecycle: WorkerLifecycle | None = None
 
     # -- addresses ---------------------------------------------------------------------------------------------------
 
@@ -95,6 +106,21 @@ class SimWorker:
     @property
     def kv_events_endpoint(self) -> str | None:
         return self.publisher.endpoint if self.publisher is not None else None
+
+    def _runtime_config(self, nixl_port: int) -> RuntimeConfig:
+        """What this worker publishes: built here only, once the engine and the server are up."""
+        return RuntimeConfig(
+            worker_id=self.worker_id,
+            model=self.settings.model,
+            role=self.role,
+            base_url=self.base_url,
+            nixl_host=self.host,
+            nixl_port=nixl_port,
+            kv_capacity_blocks=self.settings.engine.num_gpu_blocks,
+            block_size=self.settings.engine.block_size,
+            kv_events_endpoint=self.kv_events_endpoint,
+            state=WorkerState.READY,
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
 
@@ -116,65 +142,33 @@ class SimWorker:
         )
         await self.engine.start()
         await self._start_server()
-        self.config = RuntimeConfig(
-            worker_id=self.worker_id,
-            model=self.settings.model,
-            role=self.role,
-            base_url=self.base_url,
-            nixl_host=self.host,
-            nixl_port=nixl_port,
-            kv_capacity_blocks=self.settings.engine.num_gpu_blocks,
-            block_size=self.settings.engine.block_size,
-            kv_events_endpoint=self.kv_events_endpoint,
-            state=WorkerState.READY,
+        self.config = self._runtime_config(nixl_port)
+        self._lifecycle = WorkerLifecycle(
+            self.registry if self.registry is not None else _Unlisted(),
+            self.config,
+            self._activity,
+            heartbeat_interval_s=self.heartbeat_interval_s,
         )
         self.state = SimWorkerState.READY
-        if self.registry is not None:
-            await self.registry.publish(self.config)
-            self._heartbeat_task = asyncio.create_task(self._heartbeat(), name=f"sim-heartbeat-{self.worker_id}")
+        await self._lifecycle.announce()
         return self.config
 
     async def drain(self, *, timeout_s: float = 30.0, settle_s: float = 0.0) -> bool:
         """Leave gracefully. True when the engine went idle in time, False when the timeout cut in-flight work."""
         if self.state is not SimWorkerState.READY:
             return self.state is SimWorkerState.STOPPED
-        assert self.engine is not None and self.config is not None
+        assert self._lifecycle is not None
         self.state = SimWorkerState.DRAINING
-        if self.registry is not None:
-            with contextlib.suppress(RegistryError):
-                await self.registry.publish(self.config.with_state(WorkerState.DRAINING))
-        deadline = time.monotonic() + timeout_s
-        idle_since: float | None = None
-        finished = self.engine.stats.finished
-        drained = False
-        while time.monotonic() < deadline:
-            now = time.monotonic()
-            if not self.engine.idle or self.engine.stats.finished != finished:
-                idle_since = None
-                finished = self.engine.stats.finished
-            elif idle_since is None:
-                idle_since = now
-            if idle_since is not None and now - idle_since >= settle_s:
-                drained = True
-                break
-            await asyncio.sleep(0.01)
-        if not drained:
-            logger.warning(
-                "worker %s: drain timeout after %.1fs, stopping with work in flight", self.worker_id, timeout_s
-            )
+        outcome = await self._lifecycle.drain(DrainPolicy(timeout_s=timeout_s, settle_s=settle_s, poll_s=0.01))
         await self.stop()
-        return drained
+        return outcome is DrainOutcome.SETTLED
 
     async def stop(self) -> None:
         """Withdraw and stop now (in-flight requests fail)."""
         if self.state in (SimWorkerState.STOPPED, SimWorkerState.CRASHED, SimWorkerState.NEW):
             return
-        await self._stop_heartbeat()
-        if self.registry is not None:
-            try:
-                await self.registry.withdraw(self.worker_id)
-            except RegistryError as exc:
-                logger.warning("worker %s: could not withdraw: %s", self.worker_id, exc)
+        if self._lifecycle is not None:
+            await self._lifecycle.leave()
         if self.engine is not None:
             await self.engine.stop()
         await self._stop_server()
@@ -186,7 +180,8 @@ class SimWorker:
         if self.state in (SimWorkerState.STOPPED, SimWorkerState.CRASHED):
             return
         self.state = SimWorkerState.CRASHED
-        await self._stop_heartbeat()
+        if self._lifecycle is not None:
+            await self._lifecycle.abandon()
         self._kill_server()
         if self.engine is not None:
             self.engine.crash()
@@ -247,21 +242,11 @@ class SimWorker:
         with contextlib.suppress(asyncio.CancelledError):
             await task
 
-    async def _heartbeat(self) -> None:
-        assert self.registry is not None
-        while True:
-            await asyncio.sleep(self.heartbeat_interval_s)
-            try:
-                await self.registry.heartbeat(self.worker_id)
-            except RegistryError as exc:
-                logger.warning("worker %s: heartbeat failed (will retry): %s", self.worker_id, exc)
-
-    async def _stop_heartbeat(self) -> None:
-        task, self._heartbeat_task = self._heartbeat_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    async def _activity(self) -> EngineActivity | None:
+        """The drain's probe; ``None`` once the worker has crashed."""
+        if self.engine is None or self.state is SimWorkerState.CRASHED:
+            return None
+        return EngineActivity(idle=self.engine.idle, finished=self.engine.stats.finished)
 
     def _release_ports(self) -> None:
         if self.publisher is not None:

@@ -1,6 +1,7 @@
 """The worker wrapper: run one vLLM engine as a discoverable, drainable litellm-disagg worker.
 
-Lifecycle::
+Lifecycle (the discovery side, publish, heartbeat, drain and withdraw, is ``workers.lifecycle``, shared with the
+simulated worker)::
 
     start vLLM ──> /health ok ──> probe engine ──> publish READY ──> heartbeat ...
         │                                                        │
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -26,9 +28,10 @@ from typing import TextIO
 
 import httpx
 
-from litellm_disagg.discovery.registry import Registry, RegistryError
+from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
 from litellm_disagg.workers import engine_probe
+from litellm_disagg.workers.lifecycle import DrainPolicy, EngineActivity, WorkerLifecycle
 from litellm_disagg.workers.vllm_command import VllmOptions, vllm_argv, vllm_env
 
 logger = logging.getLogger(__name__)
@@ -45,6 +48,9 @@ class LifecycleOptions:
     Covers requests routed just before routers saw the drain, and prefills whose KV a decode has yet to pull."""
     stop_timeout_s: float = 30.0
     log_tail_lines: int = 40
+
+    def drain_policy(self) -> DrainPolicy:
+        return DrainPolicy(timeout_s=self.drain_timeout_s, settle_s=self.drain_settle_s)
 
 
 def _die_with_parent() -> None:
@@ -89,6 +95,8 @@ class WorkerWrapper:
         self._stop = asyncio.Event()
         self._proc: asyncio.subprocess.Process | None = None
         self.config: RuntimeConfig | None = None
+        self.registration: WorkerLifecycle | None = None
+        """The worker in discovery, from the moment it is published READY."""
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -112,15 +120,17 @@ class WorkerWrapper:
         pump = asyncio.create_task(self._pump_logs())
         try:
             async with httpx.AsyncClient() as client:
-                return await self._lifecycle(client)
+                return await self._serve(client)
         finally:
+            if self.registration is not None:
+                await self.registration.leave()  # already done on the normal ways out; here for the others
             await self._stop_vllm()
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
             await self.registry.close()
 
-    async def _lifecycle(self, client: httpx.AsyncClient) -> int:
+    async def _serve(self, client: httpx.AsyncClient) -> int:
         if not await self._wait_ready(client):
             return self._died("vLLM exited before it became ready") if self._exited() else (0 if self._stop.is_set() else self._died("vLLM did not become ready in time"))
         facts = await engine_probe.engine_facts(client, self.server_url)
@@ -137,23 +147,47 @@ class WorkerWrapper:
             tensor_parallel_size=self.vllm.tensor_parallel_size,
             state=WorkerState.READY,
         )
-        await self.registry.publish(self.config)
+        self.registration = WorkerLifecycle(
+            self.registry,
+            self.config,
+            functools.partial(self._activity, client),
+            heartbeat_interval_s=self.lifecycle.heartbeat_interval_s,
+            drain=self.lifecycle.drain_policy(),
+        )
+        await self.registration.announce()
         logger.info("worker %s ready at %s (%d KV blocks of %d tokens)", self.config.worker_id, self.config.base_url,
                     facts.kv_capacity_blocks, facts.block_size)
         print(f"READY {self.config.worker_id} {self.config.base_url}", file=self.log, flush=True)
-        while not self._stop.is_set():
-            if self._exited():
-                await self._withdraw()
-                return self._died("vLLM exited")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=self.lifecycle.heartbeat_interval_s)
-            if not self._stop.is_set():
-                try:
-                    await self.registry.heartbeat(self.config.worker_id)
-                except RegistryError as exc:
-                    logger.warning("heartbeat failed (will retry): %s", exc)
-        await self._drain(client)
+        if not await self._stop_requested_before_exit():
+            await self.registration.leave()
+            return self._died("vLLM exited")
+        await self.registration.drain()
+        await self.registration.leave()
         return 0
+
+    async def _stop_requested_before_exit(self) -> bool:
+        """Wait for a stop request (True) or for vLLM to exit (False), whichever comes first."""
+        assert self._proc is not None
+        stop = asyncio.create_task(self._stop.wait())
+        exited = asyncio.create_task(self._proc.wait())
+        try:
+            await asyncio.wait({stop, exited}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (stop, exited):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        return self._stop.is_set()
+
+    async def _activity(self, client: httpx.AsyncClient) -> EngineActivity | None:
+        """The drain's probe: vLLM's request counters, or ``None`` once vLLM has exited or stopped answering."""
+        if self._exited():
+            return None
+        try:
+            load = await engine_probe.engine_load(client, self.server_url)
+        except engine_probe.ProbeError:
+            return None
+        return EngineActivity(idle=load.idle, finished=load.finished)
 
     async def _wait_ready(self, client: httpx.AsyncClient) -> bool:
         deadline = time.monotonic() + self.lifecycle.ready_timeout_s
@@ -164,41 +198,6 @@ class WorkerWrapper:
                 return True
             await asyncio.sleep(0.5)
         return False
-
-    async def _drain(self, client: httpx.AsyncClient) -> None:
-        assert self.config is not None
-        logger.info("draining %s", self.config.worker_id)
-        with contextlib.suppress(RegistryError):
-            await self.registry.publish(self.config.with_state(WorkerState.DRAINING))
-        deadline = time.monotonic() + self.lifecycle.drain_timeout_s
-        idle_since: float | None = None
-        last_finished: int | None = None
-        while time.monotonic() < deadline and not self._exited():
-            try:
-                load = await engine_probe.engine_load(client, self.server_url)
-            except engine_probe.ProbeError:
-                break
-            now = time.monotonic()
-            if not load.idle or load.finished != last_finished:
-                idle_since = None
-            elif idle_since is None:
-                idle_since = now
-            last_finished = load.finished
-            if idle_since is not None and now - idle_since >= self.lifecycle.drain_settle_s:
-                break
-            await asyncio.sleep(0.25)
-        else:
-            if not self._exited():
-                logger.warning("drain timeout after %.0fs: stopping with requests still in flight", self.lifecycle.drain_timeout_s)
-        await self._withdraw()
-        logger.info("drained %s", self.config.worker_id)
-
-    async def _withdraw(self) -> None:
-        if self.config is not None:
-            try:
-                await self.registry.withdraw(self.config.worker_id)
-            except RegistryError as exc:
-                logger.warning("could not withdraw %s: %s", self.config.worker_id, exc)
 
     def _exited(self) -> bool:
         return self._proc is not None and self._proc.returncode is not None
