@@ -1,6 +1,6 @@
 """The ``litellm-disagg`` command.
 
-    litellm-disagg worker --role prefill|decode|both --model PATH_OR_NAME [--port N] [-- extra vLLM args]
+    litellm-disagg worker --role prefill|decode|both --model PATH_OR_NAME [--engine vllm] [--port N] [-- engine args]
     litellm-disagg up [--model PATH] [--port 4000]        one prefill + one decode worker + the LiteLLM proxy
     litellm-disagg prepare-model [--tiny] [--out DIR]     make a model offline (SmolLM2-135M-Instruct or a tiny one)
     litellm-disagg workers [--registry-dir DIR]           list the workers discovery knows
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from litellm_disagg.discovery.cli import add_registry_args, registry_from_args
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
+from litellm_disagg.engines import ENGINES, get_engine
 from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.version import __version__
 
@@ -31,8 +32,9 @@ def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--served-model-name", help="name clients use (default: the model directory's name)")
     p.add_argument("--host", default="127.0.0.1", help="address vLLM listens on and publishes (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="vLLM HTTP port (default: a free one)")
-    p.add_argument("--nixl-host", help="NIXL side-channel host (default: --host)")
-    p.add_argument("--nixl-port", type=int, help="NIXL side-channel port, unique per worker on a host (default: free)")
+    p.add_argument("--engine", choices=sorted(ENGINES), default="vllm", help="inference engine (default vllm)")
+    p.add_argument("--nixl-host", help="KV transfer side-channel host, vLLM: NIXL's (default: --host)")
+    p.add_argument("--nixl-port", type=int, help="KV transfer side-channel port, unique per worker on a host (default: free)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--kv-cache-mib", type=int, help="KV cache size in MiB (default on CPU: 512)")
@@ -44,27 +46,28 @@ def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--heartbeat-interval", type=float, default=FileRegistrySettings().heartbeat_interval_s)
     p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to wait for in-flight requests on shutdown")
     p.add_argument("--drain-settle", type=float, default=3.0, help="seconds the engine must stay idle before leaving")
-    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: extra arguments for vLLM")
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: extra arguments for the engine")
 
 
 def _run_worker(args: argparse.Namespace) -> int:
-    from litellm_disagg.workers.vllm_command import VllmOptions, detect_device
+    from litellm_disagg.engines.base import LaunchSpec
     from litellm_disagg.workers.wrapper import LifecycleOptions, WorkerWrapper, default_worker_id, free_port
 
+    engine = get_engine(args.engine)
     role = WorkerRole(args.role)
-    device = detect_device() if args.device == "auto" else args.device
+    device = engine.adapter.detect_device() if args.device == "auto" else args.device
     port = args.port or free_port(args.host)
-    nixl_host = args.nixl_host or args.host
+    transfer_host = args.nixl_host or args.host
     kv_mib = args.kv_cache_mib if args.kv_cache_mib is not None else (512 if device == "cpu" else None)
     extra = [a for a in args.vllm_args if a != "--"]
-    vllm = VllmOptions(
+    spec = LaunchSpec(
         model=args.model,
         served_model_name=args.served_model_name or Path(args.model.rstrip("/")).name,
         role=role,
         host=args.host,
         port=port,
-        nixl_host=nixl_host,
-        nixl_port=args.nixl_port or free_port(nixl_host),
+        transfer_host=transfer_host,
+        transfer_port=args.nixl_port or free_port(transfer_host),
         device=device,
         max_model_len=args.max_model_len,
         kv_cache_bytes=kv_mib * MIB if kv_mib is not None else None,
@@ -79,7 +82,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         drain_timeout_s=args.drain_timeout,
         drain_settle_s=args.drain_settle,
     )
-    return asyncio.run(WorkerWrapper(vllm, lifecycle, registry_from_args(args)).run())
+    return asyncio.run(WorkerWrapper(spec, lifecycle, registry_from_args(args), engine=engine).run())
 
 
 def _run_prepare(args: argparse.Namespace) -> int:

@@ -3,21 +3,39 @@
 It is the single boundary type between workers and routers. Workers build it from their running engine (never from
 guesses); routers read it back from a registry and must treat it as untrusted input: anything that does not validate
 is skipped, not half-used.
+
+Engines. ``engine`` names the worker's engine (``litellm_disagg.engines``) and ``transfer`` says how its KV cache
+moves between prefill and decode workers: one typed section per transfer protocol, told apart by ``kind``
+(``TransferSection``, a discriminated union). An engine added later brings its own section type here.
+
+Compatibility (remove in 0.3). Workers of 0.1 published the transfer endpoint as top-level ``nixl_host`` and
+``nixl_port`` with ``backend: "vllm"``. Such an entry still validates (read into ``engine`` and ``transfer``), and a
+serialized config still carries those three keys next to ``transfer``, so a 0.1 router reads a newer worker.
 """
 
 from __future__ import annotations
 
 import time
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Final, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from litellm_disagg.version import __version__
 
 WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
+Host = Annotated[str, Field(min_length=1, max_length=255)]
+EngineName = Literal["vllm"]
 
 
 class WorkerRole(StrEnum):
@@ -44,6 +62,24 @@ class WorkerState(StrEnum):
     DRAINING = "draining"
 
 
+class VllmNixlTransfer(BaseModel):
+    """vLLM's NixlConnector: the decode worker pulls the prompt's KV from the prefill worker's NIXL side channel."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    kind: Literal["vllm-nixl"] = "vllm-nixl"
+    host: Host
+    """The NIXL side channel's address (vLLM's ``VLLM_NIXL_SIDE_CHANNEL_HOST``)."""
+    port: Port
+
+
+TransferSection = Annotated[VllmNixlTransfer, Field(discriminator="kind")]
+"""How a worker's KV cache moves, one member per transfer protocol (later: SGLang's bootstrap server, TRT-LLM's)."""
+
+_ENGINE_TRANSFERS: Final = frozenset({("vllm", "vllm-nixl")})
+"""The (engine, transfer kind) pairs that exist."""
+
+
 class RuntimeConfig(BaseModel):
     """One worker, as published to discovery.
 
@@ -56,11 +92,10 @@ class RuntimeConfig(BaseModel):
     worker_id: WorkerId
     model: Annotated[str, Field(min_length=1, max_length=256)]
     role: WorkerRole
-    backend: Literal["vllm"] = "vllm"
+    engine: EngineName = "vllm"
     base_url: Annotated[str, Field(max_length=512)]
     """OpenAI-compatible base URL, ending in ``/v1`` (e.g. ``http://10.0.0.5:8100/v1``)."""
-    nixl_host: Annotated[str, Field(min_length=1, max_length=255)]
-    nixl_port: Port
+    transfer: TransferSection
     kv_capacity_blocks: Annotated[int, Field(ge=0)]
     block_size: Annotated[int, Field(ge=1, le=65536)]
     kv_events_endpoint: Annotated[str, Field(max_length=512)] | None = None
@@ -68,6 +103,36 @@ class RuntimeConfig(BaseModel):
     state: WorkerState = WorkerState.STARTING
     started_at: float = Field(default_factory=time.time)
     version: Annotated[str, Field(max_length=64)] = __version__
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_legacy_shape(cls, data: Any) -> Any:
+        # A 0.1 worker's entry: top-level nixl_host/nixl_port/backend and no transfer section. Values are moved, not
+        # checked: the section's own (strict) validation judges them.
+        if not isinstance(data, dict) or "transfer" in data or not ("nixl_host" in data or "nixl_port" in data):
+            return data
+        transfer: dict[str, Any] = {"kind": "vllm-nixl"}
+        for old, new in (("nixl_host", "host"), ("nixl_port", "port")):
+            if old in data:
+                transfer[new] = data[old]
+        moved = {k: v for k, v in data.items() if k not in _LEGACY_KEYS}
+        if "engine" not in data and "backend" in data:
+            moved["engine"] = data["backend"]
+        return moved | {"transfer": transfer}
+
+    @model_validator(mode="after")
+    def _transfer_fits_engine(self) -> RuntimeConfig:
+        if (self.engine, self.transfer.kind) not in _ENGINE_TRANSFERS:
+            raise ValueError(f"engine {self.engine!r} has no transfer kind {self.transfer.kind!r}")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _write_legacy_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # For 0.1 routers, which require nixl_host/nixl_port (and know backend, not engine).
+        data: dict[str, Any] = handler(self)
+        if "transfer" in data and isinstance(self.transfer, VllmNixlTransfer):
+            data |= {"backend": self.engine, "nixl_host": self.transfer.host, "nixl_port": self.transfer.port}
+        return data
 
     # Strict mode would refuse the enum values as plain strings coming from JSON; accept exactly those strings.
     @field_validator("role", mode="before")
@@ -109,3 +174,7 @@ class RuntimeConfig(BaseModel):
 
     def with_state(self, state: WorkerState) -> RuntimeConfig:
         return self.model_copy(update={"state": state})
+
+
+_LEGACY_KEYS: Final = frozenset({"nixl_host", "nixl_port", "backend"})
+"""Top-level keys of a 0.1 entry that ``transfer`` and ``engine`` replace."""

@@ -8,7 +8,7 @@ import litellm
 from litellm_disagg.discovery.consul.registry import ConsulRegistry
 from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.plugin import DisaggPlugin
-from litellm_disagg.runtime_config import RuntimeConfig, WorkerState
+from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerState
 from litellm_disagg.settings import DisaggSettings
 
 from .consul_double import ConsulDouble
@@ -20,8 +20,9 @@ MODEL = "fake-model"
 
 
 def config(worker: FakeWorker, role: str) -> RuntimeConfig:
-    return RuntimeConfig(worker_id=worker.name, model=MODEL, role=role, base_url=f"{worker.url}/v1", nixl_host="127.0.0.1",
-                         nixl_port=free_port(), kv_capacity_blocks=100, block_size=16, state=WorkerState.READY)
+    return RuntimeConfig(worker_id=worker.name, model=MODEL, role=role, base_url=f"{worker.url}/v1",
+                         transfer=VllmNixlTransfer(host="127.0.0.1", port=free_port()), kv_capacity_blocks=100,
+                         block_size=16, state=WorkerState.READY)
 
 
 async def test_router_routes_through_a_consul_outage_and_follows_changes_after():

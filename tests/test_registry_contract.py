@@ -22,7 +22,7 @@ from litellm_disagg.discovery.consul.registry import ConsulRegistry
 from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.discovery.registry import Registry, RegistryError
-from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
+from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState
 
 from .consul_double import ConsulDouble
 from .support.registry_watch import WatchCollector, eventually
@@ -37,8 +37,7 @@ def make_config(worker_id: str, *, state: WorkerState = WorkerState.READY, model
         model=model,
         role=WorkerRole.PREFILL,
         base_url="http://127.0.0.1:8100/v1",
-        nixl_host="127.0.0.1",
-        nixl_port=5600,
+        transfer=VllmNixlTransfer(host="127.0.0.1", port=5600),
         kv_capacity_blocks=1000,
         block_size=16,
         state=state,

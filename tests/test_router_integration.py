@@ -12,7 +12,7 @@ import pytest
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.plugin import DisaggPlugin
-from litellm_disagg.runtime_config import RuntimeConfig, WorkerState
+from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerState
 from litellm_disagg.settings import DisaggSettings
 
 from .support.fake_worker import ANSWER, FakeWorker
@@ -22,8 +22,9 @@ MODEL = "fake-model"
 
 
 def runtime_config(worker: FakeWorker, role: str) -> RuntimeConfig:
-    return RuntimeConfig(worker_id=worker.name, model=MODEL, role=role, base_url=f"{worker.url}/v1", nixl_host="127.0.0.1",
-                         nixl_port=free_port(), kv_capacity_blocks=1000, block_size=16, state=WorkerState.READY)
+    return RuntimeConfig(worker_id=worker.name, model=MODEL, role=role, base_url=f"{worker.url}/v1",
+                         transfer=VllmNixlTransfer(host="127.0.0.1", port=free_port()), kv_capacity_blocks=1000,
+                         block_size=16, state=WorkerState.READY)
 
 
 async def recorded(worker: FakeWorker) -> list[dict]:

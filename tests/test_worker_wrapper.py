@@ -6,8 +6,9 @@ import signal
 import sys
 
 from litellm_disagg.discovery.file.registry import FileRegistry
+from litellm_disagg.engines import get_engine
+from litellm_disagg.engines.base import LaunchSpec
 from litellm_disagg.runtime_config import WorkerRole, WorkerState
-from litellm_disagg.workers.vllm_command import VllmOptions
 from litellm_disagg.workers.wrapper import LifecycleOptions, WorkerWrapper
 
 from .support.net import free_port
@@ -15,13 +16,14 @@ from .support.net import free_port
 
 def make(tmp_path, command, **lifecycle):
     port = free_port()
-    vllm = VllmOptions(model="m", served_model_name="fake", role=WorkerRole.DECODE, host="127.0.0.1", port=port,
-                       nixl_host="127.0.0.1", nixl_port=free_port(), device="cpu")
+    spec = LaunchSpec(model="m", served_model_name="fake", role=WorkerRole.DECODE, host="127.0.0.1", port=port,
+                      transfer_host="127.0.0.1", transfer_port=free_port(), device="cpu")
     log = io.StringIO()
     registry = FileRegistry(tmp_path, poll_interval_s=0.05)
     argv = [a.replace("{port}", str(port)) for a in command]
     opts = LifecycleOptions(worker_id="w1", heartbeat_interval_s=0.2, ready_timeout_s=30, drain_settle_s=0.3, **lifecycle)
-    return WorkerWrapper(vllm, opts, registry, log=log, command=argv), FileRegistry(tmp_path), log
+    wrapper = WorkerWrapper(spec, opts, registry, engine=get_engine("vllm"), log=log, command=argv)
+    return wrapper, FileRegistry(tmp_path), log
 
 
 FAKE_ENGINE = [sys.executable, "-m", "tests.support.fake_worker", "--port", "{port}", "--name", "fake"]

@@ -25,7 +25,7 @@ from enum import StrEnum
 import uvicorn
 
 from litellm_disagg.discovery.registry import Registry
-from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
+from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState
 from litellm_disagg.sim.directory import DIRECTORY, EngineDirectory
 from litellm_disagg.sim.engine import SimEngine
 from litellm_disagg.sim.publisher import KVEventPublisher
@@ -114,8 +114,7 @@ class SimWorker:
             model=self.settings.model,
             role=self.role,
             base_url=self.base_url,
-            nixl_host=self.host,
-            nixl_port=nixl_port,
+            transfer=VllmNixlTransfer(host=self.host, port=nixl_port),
             kv_capacity_blocks=self.settings.engine.num_gpu_blocks,
             block_size=self.settings.engine.block_size,
             kv_events_endpoint=self.kv_events_endpoint,

@@ -1,6 +1,5 @@
-"""Transfer: the engine-specific metadata that moves a prompt's KV cache from prefill to decode, and the prefill call.
+"""Transfer: the prefill call (``prefill``: the HTTP request to a prefill worker, with its error classes).
 
-- ``vllm``: vLLM NixlConnector's ``kv_transfer_params`` (typed) and how a prefill request is derived from a client
-  request.
-- ``prefill``: the HTTP call to a prefill worker, with its error classes.
+What the prefill request carries and what comes back are each engine's own (``litellm_disagg.engines``: a
+``TransferProtocol`` per engine). ``vllm`` only re-exports the vLLM protocol's old names until nothing imports them.
 """

@@ -1,11 +1,12 @@
-"""The prefill call: one HTTP request to a prefill worker, returning the decode's ``kv_transfer_params``.
+"""The prefill call: one HTTP request to a prefill worker, returning what its engine's transfer protocol made of the
+answer (a ``TransferHandle``).
 
 Errors, as a tree::
 
     PrefillError
     ├── PrefillRejected      the worker answered 4xx (not 429): the request itself is bad; the client gets it as is
-    └── PrefillUnavailable   429, 5xx, timeout, connection error, or a response without usable transfer params:
-                             try another prefill worker, then decode locally (aggregated)
+    └── PrefillUnavailable   429, 5xx, timeout, connection error, or a response the protocol finds unusable
+                             (not JSON, ``InvalidTransfer``): try another prefill worker, then decode locally
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import logging
 from typing import Any
 
 import httpx
-from pydantic import ValidationError
 
-from litellm_disagg.transfer.vllm import Endpoint, KVTransferParams
+from litellm_disagg.engines.base import Endpoint, InvalidTransfer, TransferHandle, TransferProtocol
+from litellm_disagg.runtime_config import RuntimeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -51,14 +52,16 @@ class PrefillClient:
     async def prefill(
         self,
         *,
-        worker_id: str,
-        base_url: str,
+        worker: RuntimeConfig,
+        protocol: TransferProtocol,
         endpoint: Endpoint,
         body: dict[str, Any],
         request_id: str,
         headers: dict[str, str] | None = None,
-    ) -> KVTransferParams:
-        url = f"{base_url}/{endpoint.value}"
+    ) -> TransferHandle:
+        """POST ``body`` (built by ``protocol.prefill_body``) to ``worker``'s ``endpoint``; the parsed handle."""
+        worker_id = worker.worker_id
+        url = f"{worker.base_url}/{endpoint.value}"
         try:
             response = await self._client.post(url, json=body, headers={**(headers or {}), "X-Request-Id": request_id})
         except httpx.HTTPError as exc:
@@ -70,16 +73,14 @@ class PrefillClient:
                 status_code=response.status_code,
                 body=response.text[:4096],
             )
-        if response.status_code >= 500 or response.status_code != 200:
+        if response.status_code != 200:
             raise PrefillUnavailable(f"prefill on {worker_id} answered {response.status_code}", worker_id=worker_id)
         try:
-            raw = response.json().get("kv_transfer_params")
-            params = KVTransferParams.model_validate(raw) if raw is not None else None
-        except (json.JSONDecodeError, AttributeError, ValidationError) as exc:
-            raise PrefillUnavailable(f"prefill on {worker_id} returned invalid transfer params: {exc}", worker_id=worker_id) from exc
-        if params is None or not params.usable:
-            raise PrefillUnavailable(f"prefill on {worker_id} returned no usable kv_transfer_params", worker_id=worker_id)
-        return params
+            return protocol.parse_prefill(response.json(), prefill=worker)
+        except (json.JSONDecodeError, UnicodeDecodeError, InvalidTransfer) as exc:
+            raise PrefillUnavailable(
+                f"prefill on {worker_id} returned no usable transfer ({protocol.name}): {exc}", worker_id=worker_id
+            ) from exc
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -1,7 +1,8 @@
-"""What a running vLLM engine reports about itself, read from its HTTP surface (``/health``, ``/metrics``).
+"""What a running engine reports about itself, read from its HTTP surface (``/health``, ``/metrics``).
 
-KV capacity and block size come from ``vllm:cache_config_info`` (labels ``num_gpu_blocks`` and ``block_size``; on CPU
-vLLM reports its CPU KV blocks there too), so what a worker publishes is what its engine actually allocated.
+Metric names are the engine's (``MetricNames``, from its adapter). KV capacity and block size come from the labels of
+its cache config info (vLLM: ``vllm:cache_config_info`` with ``num_gpu_blocks`` and ``block_size``; on CPU vLLM
+reports its CPU KV blocks there too), so what a worker publishes is what its engine actually allocated.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+
+from litellm_disagg.engines import prom_text
+from litellm_disagg.engines.base import MetricNames
 
 
 class ProbeError(Exception):
@@ -41,37 +44,38 @@ async def healthy(client: httpx.AsyncClient, server_url: str) -> bool:
         return False
 
 
-async def _samples(client: httpx.AsyncClient, server_url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+async def _page(client: httpx.AsyncClient, server_url: str) -> str:
     try:
         response = await client.get(f"{server_url}/metrics", timeout=5.0)
         response.raise_for_status()
     except httpx.HTTPError as exc:
         raise ProbeError(f"cannot read {server_url}/metrics: {exc}") from exc
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(response.text):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return out
+    return response.text
 
 
-async def engine_facts(client: httpx.AsyncClient, server_url: str) -> EngineFacts:
-    samples = await _samples(client, server_url)
-    for labels, _ in samples.get("vllm:cache_config_info", []):
+async def engine_facts(client: httpx.AsyncClient, server_url: str, metrics: MetricNames) -> EngineFacts:
+    if metrics.cache_config_info is None:
+        raise ProbeError("this engine reports no cache config on /metrics")
+    wanted = prom_text.Wanted((metrics.cache_config_info,))
+    for sample in prom_text.samples(await _page(client, server_url), wanted):
         try:
-            return EngineFacts(block_size=int(labels["block_size"]), kv_capacity_blocks=int(labels["num_gpu_blocks"]))
+            return EngineFacts(
+                block_size=int(sample.labels[metrics.block_size_label]),
+                kv_capacity_blocks=int(sample.labels[metrics.capacity_blocks_label]),
+            )
         except (KeyError, ValueError):
             continue
-    raise ProbeError(f"{server_url}/metrics has no usable vllm:cache_config_info (block_size, num_gpu_blocks)")
+    raise ProbeError(
+        f"{server_url}/metrics has no usable {metrics.cache_config_info} "
+        f"({metrics.block_size_label}, {metrics.capacity_blocks_label})"
+    )
 
 
-async def engine_load(client: httpx.AsyncClient, server_url: str) -> EngineLoad:
-    samples = await _samples(client, server_url)
-
-    def total(name: str) -> int:
-        return int(sum(value for _, value in samples.get(name, [])))
-
+async def engine_load(client: httpx.AsyncClient, server_url: str, metrics: MetricNames) -> EngineLoad:
+    wanted = prom_text.Wanted((metrics.requests_running, metrics.requests_waiting, metrics.requests_finished))
+    totals = prom_text.sums(await _page(client, server_url), wanted)
     return EngineLoad(
-        running=total("vllm:num_requests_running"),
-        waiting=total("vllm:num_requests_waiting"),
-        finished=total("vllm:request_success_total"),
+        running=int(totals.get(metrics.requests_running, 0.0)),
+        waiting=int(totals.get(metrics.requests_waiting, 0.0)),
+        finished=int(totals.get(metrics.requests_finished, 0.0)),
     )

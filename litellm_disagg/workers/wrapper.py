@@ -29,10 +29,10 @@ from typing import TextIO
 import httpx
 
 from litellm_disagg.discovery.registry import Registry
+from litellm_disagg.engines.base import Engine, EngineLaunch, LaunchSpec
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
 from litellm_disagg.workers import engine_probe
 from litellm_disagg.workers.lifecycle import DrainPolicy, EngineActivity, WorkerLifecycle
-from litellm_disagg.workers.vllm_command import VllmOptions, vllm_argv, vllm_env
 
 logger = logging.getLogger(__name__)
 
@@ -77,20 +77,24 @@ def default_worker_id(role: WorkerRole, port: int) -> str:
 class WorkerWrapper:
     def __init__(
         self,
-        vllm: VllmOptions,
+        spec: LaunchSpec,
         lifecycle: LifecycleOptions,
         registry: Registry,
         *,
+        engine: Engine,
         log: TextIO = sys.stderr,
         command: list[str] | None = None,
     ):
-        """``command`` replaces the vLLM command line (tests run a fake engine with the same HTTP surface)."""
-        self.vllm = vllm
+        """``engine`` runs ``spec`` (its adapter gives the command line and the metric names); ``command`` replaces
+        the engine's command line (tests run a fake engine with the same HTTP surface)."""
+        self.spec = spec
+        self.engine = engine
+        self.launch: EngineLaunch = engine.adapter.launch(spec)
         self.command = command
         self.lifecycle = lifecycle
         self.registry = registry
         self.log = log
-        self.server_url = f"http://{vllm.host}:{vllm.port}"
+        self.server_url = f"http://{spec.host}:{spec.port}"
         self._tail: collections.deque[str] = collections.deque(maxlen=lifecycle.log_tail_lines)
         self._stop = asyncio.Event()
         self._proc: asyncio.subprocess.Process | None = None
@@ -107,11 +111,11 @@ class WorkerWrapper:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
-        argv = self.command or vllm_argv(self.vllm)
-        logger.info("starting vLLM (%s): %s", self.vllm.role.value, " ".join(argv))
+        argv = self.command or list(self.launch.argv)
+        logger.info("starting %s (%s): %s", self.engine.name, self.spec.role.value, " ".join(argv))
         self._proc = await asyncio.create_subprocess_exec(
             *argv,
-            env=vllm_env(self.vllm),
+            env=dict(self.launch.env),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
@@ -133,18 +137,18 @@ class WorkerWrapper:
     async def _serve(self, client: httpx.AsyncClient) -> int:
         if not await self._wait_ready(client):
             return self._died("vLLM exited before it became ready") if self._exited() else (0 if self._stop.is_set() else self._died("vLLM did not become ready in time"))
-        facts = await engine_probe.engine_facts(client, self.server_url)
+        facts = await engine_probe.engine_facts(client, self.server_url, self.engine.adapter.metrics)
         self.config = RuntimeConfig(
             worker_id=self.lifecycle.worker_id,
-            model=self.vllm.served_model_name,
-            role=self.vllm.role,
+            model=self.spec.served_model_name,
+            role=self.spec.role,
+            engine=self.engine.name,
             base_url=f"{self.server_url}/v1",
-            nixl_host=self.vllm.nixl_host,
-            nixl_port=self.vllm.nixl_port,
+            transfer=self.launch.transfer,
             kv_capacity_blocks=facts.kv_capacity_blocks,
             block_size=facts.block_size,
-            kv_events_endpoint=self.vllm.kv_events_endpoint,
-            tensor_parallel_size=self.vllm.tensor_parallel_size,
+            kv_events_endpoint=self.launch.kv_events_endpoint,
+            tensor_parallel_size=self.spec.tensor_parallel_size,
             state=WorkerState.READY,
         )
         self.registration = WorkerLifecycle(
@@ -184,7 +188,7 @@ class WorkerWrapper:
         if self._exited():
             return None
         try:
-            load = await engine_probe.engine_load(client, self.server_url)
+            load = await engine_probe.engine_load(client, self.server_url, self.engine.adapter.metrics)
         except engine_probe.ProbeError:
             return None
         return EngineActivity(idle=load.idle, finished=load.finished)

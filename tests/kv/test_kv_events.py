@@ -10,10 +10,8 @@ from typing import Any
 import msgpack
 import pytest
 
-from litellm_disagg.routing.kv import kv_events
-from litellm_disagg.routing.kv.block_hash import chain_hashes, root_hash
-from litellm_disagg.routing.kv.event_applier import EventApplier
-from litellm_disagg.routing.kv.kv_events import (
+from litellm_disagg.engines.vllm import kv_events
+from litellm_disagg.engines.vllm.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -22,6 +20,8 @@ from litellm_disagg.routing.kv.kv_events import (
     decode_message,
     decode_payload,
 )
+from litellm_disagg.routing.kv.block_hash import chain_hashes, root_hash
+from litellm_disagg.routing.kv.event_applier import EventApplier
 from litellm_disagg.routing.kv.prefix_index import PrefixIndex
 from tests.kv import vllm_wire as wire
 

@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from litellm_disagg.discovery.file.registry import FileRegistry
+from litellm_disagg.engines.vllm.metrics import VLLM_METRICS
 from litellm_disagg.runtime_config import WorkerRole, WorkerState
 from litellm_disagg.sim import SimCluster, SimWorkerState
 from litellm_disagg.workers import engine_probe
@@ -47,15 +48,15 @@ async def test_workers_register_like_real_ones_and_stay_alive(registry, client):
         await cluster.start(prefill=2, decode=2, both=1)
         entries = await snapshot(registry)
         assert sorted(entries) == ["sim-both-4", "sim-decode-2", "sim-decode-3", "sim-prefill-0", "sim-prefill-1"]
-        assert len({c.nixl_port for c in entries.values()}) == 5
+        assert len({c.transfer.port for c in entries.values()}) == 5
         assert len({c.base_url for c in entries.values()}) == 5
         for worker_id, config in entries.items():
             worker = cluster.get(worker_id)
             assert config.state is WorkerState.READY and config.role is worker.role and config.model == "sim-model"
-            assert config.base_url == worker.base_url and config.nixl_host == "127.0.0.1"
+            assert config.base_url == worker.base_url and config.transfer.host == "127.0.0.1"
             assert config.kv_events_endpoint == worker.kv_events_endpoint
             assert config.kv_events_endpoint.startswith("tcp://127.0.0.1:")
-            facts = await engine_probe.engine_facts(client, config.server_url)  # what the wrapper would publish
+            facts = await engine_probe.engine_facts(client, config.server_url, VLLM_METRICS)  # what the wrapper would publish
             assert (facts.block_size, facts.kv_capacity_blocks) == (config.block_size, config.kv_capacity_blocks)
         await asyncio.sleep(TTL * 2)  # heartbeats keep every entry alive past its TTL
         assert len(await snapshot(registry)) == 5
@@ -176,7 +177,7 @@ def test_command_runs_registers_and_drains_on_sigterm(tmp_path):
 
 
 async def _running(client: httpx.AsyncClient, worker) -> bool:
-    return (await engine_probe.engine_load(client, worker.server_url)).running > 0
+    return (await engine_probe.engine_load(client, worker.server_url, VLLM_METRICS)).running > 0
 
 
 async def _state_is(registry: FileRegistry, worker_id: str, state: WorkerState) -> bool:

@@ -9,7 +9,8 @@ import pytest
 
 from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.sim import SimCluster
-from litellm_disagg.transfer.vllm import Endpoint, KVTransferParams, build_prefill_body
+from litellm_disagg.engines.base import Endpoint
+from litellm_disagg.engines.vllm.transfer import KVTransferParams, build_prefill_body
 
 from .conftest import by_source, chat_body, fast_settings, metric
 
@@ -46,7 +47,7 @@ async def test_prefill_then_decode_moves_the_kv_and_matches_aggregated_output(cl
     parsed = KVTransferParams.model_validate(params)
     assert parsed.usable and parsed.do_remote_prefill and not parsed.do_remote_decode
     assert parsed.remote_engine_id == p.engine.engine_id and parsed.remote_request_id.startswith("chatcmpl-pd-1")
-    assert (parsed.remote_host, parsed.remote_port, parsed.tp_size) == ("127.0.0.1", p.config.nixl_port, 1)
+    assert (parsed.remote_host, parsed.remote_port, parsed.tp_size) == ("127.0.0.1", p.config.transfer.port, 1)
     n_prompt = params["remote_num_tokens"]
     assert len(params["remote_block_ids"][0]) == -(-n_prompt // 16)
     assert await metric(client, p, "vllm:kv_cache_usage_perc") > 0  # the blocks wait for the decode

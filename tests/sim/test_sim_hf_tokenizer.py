@@ -10,7 +10,7 @@ from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.routing.kv.settings import TokenizerSettings
 from litellm_disagg.routing.kv.tokenizer import PromptTokenizer
 from litellm_disagg.sim import SimCluster
-from litellm_disagg.transfer.vllm import Endpoint
+from litellm_disagg.engines.base import Endpoint
 
 from .conftest import fast_settings
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from litellm_disagg.engines.vllm.metrics import VLLM_METRICS
 from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.sim import SimWorker
 from litellm_disagg.workers import engine_probe
@@ -164,11 +165,11 @@ async def test_health_models_and_metrics(worker, client):
         worker.set_healthy(True)
     models = (await client.get(f"{worker.base_url}/models")).json()
     assert [m["id"] for m in models["data"]] == ["sim-model"] and models["data"][0]["max_model_len"] == 256
-    facts = await engine_probe.engine_facts(client, worker.server_url)
+    facts = await engine_probe.engine_facts(client, worker.server_url, VLLM_METRICS)
     assert (facts.block_size, facts.kv_capacity_blocks) == (16, 2048)
-    before = await engine_probe.engine_load(client, worker.server_url)
+    before = await engine_probe.engine_load(client, worker.server_url, VLLM_METRICS)
     await client.post(f"{worker.base_url}/chat/completions", json=chat_body("metrics please"))
-    after = await engine_probe.engine_load(client, worker.server_url)
+    after = await engine_probe.engine_load(client, worker.server_url, VLLM_METRICS)
     assert after.finished == before.finished + 1 and after.idle
     text = (await client.get(f"{worker.server_url}/metrics")).text
     for name in (
@@ -206,12 +207,12 @@ async def test_client_disconnect_aborts_the_request(client):
             async for line in r.aiter_lines():
                 if '"content":" ' in line:
                     break  # one token arrived: hang up
-        load = await engine_probe.engine_load(client, slow.server_url)
+        load = await engine_probe.engine_load(client, slow.server_url, VLLM_METRICS)
         for _ in range(100):
             if load.idle:
                 break
             await asyncio.sleep(0.02)
-            load = await engine_probe.engine_load(client, slow.server_url)
+            load = await engine_probe.engine_load(client, slow.server_url, VLLM_METRICS)
         assert load.idle
         assert await metric(client, slow, "vllm:request_success_total", finished_reason="abort") == 1
         assert slow.engine is not None and slow.engine.pool.usage == 0.0

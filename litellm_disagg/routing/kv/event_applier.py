@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
+from litellm_disagg.engines.base import AllBlocksCleared, BlockRemoved, BlockStored, EngineHash, EventBatch
 from litellm_disagg.routing.kv.block_hash import ROOT, BlockHash, chain_hashes, root_hash
-from litellm_disagg.routing.kv.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, EngineHash, EventBatch
 from litellm_disagg.routing.kv.prefix_index import PrefixIndex
 
 logger = logging.getLogger(__name__)

@@ -21,8 +21,9 @@ import time
 import zmq
 import zmq.asyncio
 
+from litellm_disagg.engines.base import MalformedBatch
+from litellm_disagg.engines.vllm.kv_events import decode_message, parse_seq
 from litellm_disagg.routing.kv.event_applier import EventApplier
-from litellm_disagg.routing.kv.kv_events import MalformedBatch, decode_message, parse_seq
 
 logger = logging.getLogger(__name__)
 

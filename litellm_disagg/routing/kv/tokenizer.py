@@ -38,9 +38,9 @@ from typing import Any
 
 import httpx
 
+from litellm_disagg.engines.base import Endpoint
 from litellm_disagg.routing.kv.settings import TokenizerSettings
 from litellm_disagg.routing.kv.token_cache import SegmentEncoder, TokenCache
-from litellm_disagg.transfer.vllm import Endpoint
 
 logger = logging.getLogger(__name__)
 

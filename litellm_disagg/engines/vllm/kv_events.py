@@ -1,4 +1,6 @@
-"""vLLM's KV cache events as they arrive on the wire, decoded into typed objects. Pure: bytes in, events out.
+"""vLLM's KV cache events as they arrive on the wire, decoded into the engine-neutral events of ``engines.base``.
+
+Pure: bytes in, events out.
 
 vLLM's ``ZmqEventPublisher`` sends one message per event batch, three frames::
 
@@ -19,7 +21,8 @@ Older vLLM releases encoded events array-like (``["BlockStored", block_hashes, p
 block_size, lora_id, medium, ...]``); both shapes are read. Block hashes are ints (the default,
 ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1``) or bytes. A ``BlockStored`` carries only the blocks the engine newly
 cached; ``parent_block_hash`` is the engine's hash of the block before them (nil at the start of a sequence).
-Event types this module does not know are skipped; a payload that is not a batch raises ``MalformedBatch``.
+Event types this module does not know are skipped; a payload that is not a batch raises ``MalformedBatch`` (with the
+batch's sequence number when its frame was readable).
 
 Decoding, fast path first: typed ``msgspec`` decoders read a batch straight into structs (no intermediate dicts,
 no per-field checks in Python), one for map-encoded events, then one for the older array-like shape. Whatever both
@@ -31,53 +34,21 @@ give equal events; the generic path only runs for the rare payloads they reject.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from collections.abc import Sequence
+from typing import Any
 
 import msgpack  # type: ignore[import-untyped]  # no stubs; plain unpackb
 import msgspec
 
-EngineHash = int | bytes
-"""A block hash as the engine publishes it: salted per engine process, meaningful only to that engine."""
-
-
-class MalformedBatch(ValueError):
-    """A payload that is not a vLLM KV event batch."""
-
-
-class BlockStored(NamedTuple):
-    block_hashes: list[EngineHash]
-    parent_block_hash: EngineHash | None
-    token_ids: list[int]
-    block_size: int
-    medium: str | None = None
-    lora_name: str | None = None
-    """The LoRA adapter's name (vLLM's ``lora_name``, else its ``lora_id`` as text); None for the base model."""
-    group_idx: int | None = None
-    extra_keys: list[Any] | None = None
-    """Per block: None, or what else the engine hashed (multimodal inputs, cache salt, adapter)."""
-
-
-class BlockRemoved(NamedTuple):
-    block_hashes: list[EngineHash]
-    medium: str | None = None
-    group_idx: int | None = None
-
-
-class AllBlocksCleared(NamedTuple):
-    pass
-
-
-KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
-"""Events are named tuples (cheap to build: a busy engine sends tens of thousands a second)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EventBatch:
-    seq: int
-    ts: float
-    events: list[KVEvent]
-    data_parallel_rank: int | None = None
+from litellm_disagg.engines.base import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EngineHash,
+    EventBatch,
+    KVEvent,
+    MalformedBatch,
+)
 
 
 def parse_seq(frame: bytes) -> int:
@@ -86,14 +57,19 @@ def parse_seq(frame: bytes) -> int:
     return int.from_bytes(frame, "big", signed=True)
 
 
-def decode_message(frames: list[bytes]) -> EventBatch:
+def decode_message(frames: Sequence[bytes]) -> EventBatch:
     """One ZMQ message (``[topic, seq, payload]``) as a batch."""
     if len(frames) != 3:
         raise MalformedBatch(f"expected 3 frames (topic, seq, payload), got {len(frames)}")
-    seq = frames[1]
-    if len(seq) != 8:
-        parse_seq(seq)  # raises
-    return decode_payload(int.from_bytes(seq, "big", signed=True), frames[2])
+    frame = frames[1]
+    if len(frame) != 8:
+        parse_seq(frame)  # raises
+    seq = int.from_bytes(frame, "big", signed=True)
+    try:
+        return decode_payload(seq, frames[2])
+    except MalformedBatch as exc:
+        exc.seq = seq
+        raise
 
 
 def decode_payload(seq: int, payload: bytes) -> EventBatch:

@@ -3,14 +3,16 @@ import os
 import subprocess
 import sys
 
-from litellm_disagg.runtime_config import WorkerRole
-from litellm_disagg.workers.vllm_command import SITECUSTOMIZE_DIR, VllmOptions, vllm_argv, vllm_env
+from litellm_disagg.engines import get_engine
+from litellm_disagg.engines.base import LaunchSpec
+from litellm_disagg.engines.vllm.launch import SITECUSTOMIZE_DIR, vllm_argv, vllm_env
+from litellm_disagg.runtime_config import VllmNixlTransfer, WorkerRole
 
 
 def opts(**change):
     base = dict(model="/m", served_model_name="tiny", role=WorkerRole.PREFILL, host="127.0.0.1", port=8100,
-                nixl_host="127.0.0.1", nixl_port=5600, device="cpu", kv_cache_bytes=64 << 20, max_model_len=1024)
-    return VllmOptions(**(base | change))
+                transfer_host="127.0.0.1", transfer_port=5600, device="cpu", kv_cache_bytes=64 << 20, max_model_len=1024)
+    return LaunchSpec(**(base | change))
 
 
 def flag(argv, name):
@@ -38,11 +40,11 @@ def test_cpu_flags_and_loopback_environment():
 
 
 def test_gpu_has_no_cpu_settings_and_a_routable_host_keeps_ucx_free():
-    argv = vllm_argv(opts(device="gpu", kv_cache_bytes=None, host="0.0.0.0", nixl_host="10.0.0.5", tensor_parallel_size=2))
+    argv = vllm_argv(opts(device="gpu", kv_cache_bytes=None, host="0.0.0.0", transfer_host="10.0.0.5", tensor_parallel_size=2))
     assert "--dtype" not in argv and "--kv-cache-memory-bytes" not in argv
     assert flag(argv, "--tensor-parallel-size") == "2"
     assert json.loads(flag(argv, "--kv-transfer-config"))["kv_buffer_device"] == "cuda"
-    env = vllm_env(opts(device="gpu", nixl_host="10.0.0.5"), base={})
+    env = vllm_env(opts(device="gpu", transfer_host="10.0.0.5"), base={})
     assert "UCX_NET_DEVICES" not in env and "PYTHONPATH" not in env
 
 
@@ -51,8 +53,16 @@ def test_kv_events_and_extra_args():
     argv = vllm_argv(o)
     events = json.loads(flag(argv, "--kv-events-config"))
     assert events["endpoint"] == "tcp://*:7000" and events["enable_kv_cache_events"] is True
-    assert o.kv_events_endpoint == "tcp://127.0.0.1:7000"
     assert argv[-2:] == ["--max-num-seqs", "8"]
+
+
+def test_the_adapter_launch_says_what_the_worker_publishes():
+    launch = get_engine("vllm").adapter.launch(opts(kv_events_port=7000), python="py", base_env={"A": "1"})
+    assert launch.argv == tuple(vllm_argv(opts(kv_events_port=7000), python="py"))
+    assert launch.env == vllm_env(opts(), base={"A": "1"}) and launch.env["A"] == "1"
+    assert launch.transfer == VllmNixlTransfer(host="127.0.0.1", port=5600)
+    assert launch.kv_events_endpoint == "tcp://127.0.0.1:7000"
+    assert get_engine("vllm").adapter.launch(opts()).kv_events_endpoint is None
 
 
 def test_sitecustomize_disables_nixl_progress_thread_lazily(tmp_path):

@@ -1,0 +1,119 @@
+"""The command line and environment that start vLLM for one worker role. Pure functions: nothing is started here.
+
+- ``vllm_argv``: the OpenAI API server with the NixlConnector in the role's KV role (``kv_producer`` for prefill,
+  ``kv_consumer`` for decode, ``kv_both``), prefix caching on, KV events bound on ``tcp://*:PORT`` when asked, and on
+  CPU ``--enforce-eager --dtype float32``.
+- ``vllm_env``: NIXL's side channel and vLLM's host IP on the transfer host (UCX kept on loopback when that host is);
+  on CPU, no CPU thread binding, ``VLLM_CPU_KVCACHE_SPACE`` dropped when the cache size is given, and
+  ``sitecustomize/`` on ``PYTHONPATH`` to turn NIXL's busy-spinning progress thread off.
+- ``vllm_launch``: both, plus what the worker publishes (its ``VllmNixlTransfer`` section, its KV events endpoint).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import sys
+from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
+from types import MappingProxyType
+from typing import Final
+
+from litellm_disagg.engines.base import Device, EngineLaunch, LaunchSpec
+from litellm_disagg.runtime_config import VllmNixlTransfer, WorkerRole
+
+KV_ROLES: Final[Mapping[WorkerRole, str]] = MappingProxyType({
+    WorkerRole.PREFILL: "kv_producer",
+    WorkerRole.DECODE: "kv_consumer",
+    WorkerRole.BOTH: "kv_both",
+})
+
+SITECUSTOMIZE_DIR: Final = Path(__file__).parent / "sitecustomize"
+KV_EVENTS_TOPIC: Final = "kv"
+
+
+def detect_device() -> Device:
+    """``cpu`` when vLLM's CPU build (``vllm-cpu``) is installed, else ``gpu``."""
+    try:
+        metadata.distribution("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        return "gpu"
+    return "cpu"
+
+
+def kv_events_endpoint(spec: LaunchSpec) -> str | None:
+    """Where routers connect for the engine's KV events (vLLM binds ``tcp://*:PORT``)."""
+    return None if spec.kv_events_port is None else f"tcp://{spec.transfer_host}:{spec.kv_events_port}"
+
+
+def vllm_argv(spec: LaunchSpec, python: str | None = None) -> list[str]:
+    kv_transfer_config = {
+        "kv_connector": "NixlConnector",
+        "kv_role": KV_ROLES[spec.role],
+        "kv_buffer_device": "cpu" if spec.device == "cpu" else "cuda",
+        "kv_load_failure_policy": spec.kv_load_failure_policy,
+    }
+    argv = [
+        python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", spec.model,
+        "--served-model-name", spec.served_model_name,
+        "--host", spec.host,
+        "--port", str(spec.port),
+        "--kv-transfer-config", json.dumps(kv_transfer_config),
+        "--enable-prefix-caching",
+    ]  # fmt: skip
+    if spec.max_model_len is not None:
+        argv += ["--max-model-len", str(spec.max_model_len)]
+    if spec.kv_cache_bytes is not None:
+        argv += ["--kv-cache-memory-bytes", str(spec.kv_cache_bytes)]
+    if spec.tensor_parallel_size != 1:
+        argv += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+    if spec.kv_events_port is not None:
+        events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{spec.kv_events_port}",
+            "topic": KV_EVENTS_TOPIC,
+        }
+        argv += ["--kv-events-config", json.dumps(events)]
+    if spec.device == "cpu":
+        # float32: bf16 hits an AMX attention kernel that kills the decode side on some CPUs ("Illegal instruction").
+        argv += ["--enforce-eager", "--dtype", "float32"]
+    return argv + list(spec.extra_args)
+
+
+def vllm_env(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    env["VLLM_NIXL_SIDE_CHANNEL_HOST"] = spec.transfer_host
+    env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.transfer_port)
+    env["VLLM_HOST_IP"] = spec.transfer_host
+    if _is_loopback(spec.transfer_host):
+        env.setdefault("UCX_NET_DEVICES", "lo")  # else UCX also listens on the machine's other interfaces
+    if spec.device == "cpu":
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        if spec.kv_cache_bytes is not None:
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # conflicts with --kv-cache-memory-bytes
+        # NIXL's idle progress thread spins a whole core: on CPU the cores are the engine's compute.
+        env.setdefault("LITELLM_DISAGG_NIXL_PROGRESS_THREAD", "0")
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITECUSTOMIZE_DIR), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def vllm_launch(
+    spec: LaunchSpec, *, python: str | None = None, base_env: Mapping[str, str] | None = None
+) -> EngineLaunch:
+    return EngineLaunch(
+        argv=tuple(vllm_argv(spec, python)),
+        env=MappingProxyType(vllm_env(spec, base_env)),
+        transfer=VllmNixlTransfer(host=spec.transfer_host, port=spec.transfer_port),
+        kv_events_endpoint=kv_events_endpoint(spec),
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
