@@ -103,21 +103,21 @@ vllm:request_success_total{finished_reason="stop",model_name="m"} 3.0
 vllm:prefix_cache_hits_created 1.7e9
 """
     counters = parse_counters(text)
-    assert counters["vllm:prefix_cache_hits_total"] == 30
-    assert counters["vllm:request_success_total"] == 5
+    assert counters["prefix_cache_hits"] == 30 and counters["prefix_cache_queries"] == 100
+    assert counters["requests_finished"] == 5 and counters["generation_tokens"] == 0
 
 
 def test_figures_from_results_and_counter_deltas():
     def result(ttft: float | None, error: str | None = None) -> RequestResult:
         return RequestResult("s", 0, "k", 0.0, ttft, 1.0, 0.02, 5, error)
 
-    before = {w: dict.fromkeys(("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
-                                "vllm:request_success_total", "vllm:generation_tokens_total"), 0.0) for w in "ab"}
+    before = {w: dict.fromkeys(("prefix_cache_queries", "prefix_cache_hits", "requests_finished",
+                                "generation_tokens"), 0.0) for w in "ab"}
     after = {
-        "a": {**before["a"], "vllm:prefix_cache_queries_total": 100, "vllm:prefix_cache_hits_total": 60,
-              "vllm:request_success_total": 3, "vllm:generation_tokens_total": 15},
-        "b": {**before["b"], "vllm:prefix_cache_queries_total": 100, "vllm:prefix_cache_hits_total": 20,
-              "vllm:request_success_total": 1, "vllm:generation_tokens_total": 5},
+        "a": {**before["a"], "prefix_cache_queries": 100, "prefix_cache_hits": 60, "requests_finished": 3,
+              "generation_tokens": 15},
+        "b": {**before["b"], "prefix_cache_queries": 100, "prefix_cache_hits": 20, "requests_finished": 1,
+              "generation_tokens": 5},
     }
     fig = report.figures("x", [result(0.1), result(0.3), result(0.2), result(None, "boom")], 2.0, before, after)
     assert (fig.requests, fig.completed, fig.failed) == (4, 3, 1)

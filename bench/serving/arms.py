@@ -11,7 +11,7 @@
 | ``oracle``         | the client: each ``prefix_key`` (conversation or shared document) always to the worker it went |
 |                    | to first; first placements spread evenly                                                      |
 
-LiteLLM's arms list the workers as plain ``hosted_vllm`` deployments; the KV-aware arm lists none and finds the
+LiteLLM's arms list the workers as plain deployments of the engine's LiteLLM provider (``hosted_vllm``); the KV-aware arm lists none and finds the
 workers in discovery (the file registry) like a production proxy. The pinned arms (round robin, oracle) go through
 the same proxy on per-worker groups, so every arm pays the same proxy overhead.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from bench.serving.workers import WorkerSet
+from bench.serving.workers import ENGINE, WorkerSet
 
 ArmName = Literal["kv_aware", "simple_shuffle", "least_busy", "session_affinity", "round_robin", "oracle"]
 ARMS: tuple[ArmName, ...] = ("kv_aware", "simple_shuffle", "least_busy", "session_affinity", "round_robin", "oracle")
@@ -61,7 +61,8 @@ def build(name: ArmName, workers: WorkerSet, *, kv_routing: dict[str, Any] | Non
 
     def deployment(group: str, url: str) -> dict[str, Any]:
         return {"model_name": group,
-                "litellm_params": {"model": f"hosted_vllm/{workers.model}", "api_base": f"{url}/v1", "api_key": "none"}}
+                "litellm_params": {"model": f"{ENGINE.adapter.provider_prefix}/{workers.model}", "api_base": f"{url}/v1",
+                                   "api_key": "none"}}
 
     model_list = [deployment(workers.model, w.server_url) for w in workers.workers]
     model_list += [deployment(pinned_group(workers.model, i), w.server_url) for i, w in enumerate(workers.workers)]

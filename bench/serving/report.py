@@ -29,7 +29,7 @@ class ArmFigures:
     e2e_p50_ms: float
     e2e_p99_ms: float
     hit_rate: float
-    """Prompt tokens served from the prefix cache / prompt tokens looked up, over all workers (vLLM's counters)."""
+    """Prompt tokens served from the prefix cache / prompt tokens looked up, over all workers (the engine's counters)."""
     throughput_rps: float
     output_tokens_per_s: float
     per_worker_requests: dict[str, int] = field(default_factory=dict)
@@ -50,11 +50,11 @@ def figures(arm: str, results: list[RequestResult], wall_s: float, before: dict[
     def delta(worker: str, name: str) -> float:
         return after[worker][name] - before[worker][name]
 
-    queries = sum(delta(w, "vllm:prefix_cache_queries_total") for w in after)
-    hits = sum(delta(w, "vllm:prefix_cache_hits_total") for w in after)
-    per_worker = {w: round(delta(w, "vllm:request_success_total")) for w in after}
+    queries = sum(delta(w, "prefix_cache_queries") for w in after)
+    hits = sum(delta(w, "prefix_cache_hits") for w in after)
+    per_worker = {w: round(delta(w, "requests_finished")) for w in after}
     mean = statistics.mean(per_worker.values()) if per_worker else 0
-    generated = sum(delta(w, "vllm:generation_tokens_total") for w in after)
+    generated = sum(delta(w, "generation_tokens") for w in after)
     return ArmFigures(
         arm=arm,
         requests=len(results),

@@ -19,16 +19,16 @@ from pathlib import Path
 import httpx
 
 from litellm_disagg.discovery.file.registry import FileRegistry
+from litellm_disagg.engines import get_engine, prom_text
+from litellm_disagg.engines.base import MetricNames
 from litellm_disagg.processes import spawn, stop
 from litellm_disagg.runtime_config import RuntimeConfig
 
-COUNTERS = (
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
-    "vllm:request_success_total",
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-)
+ENGINE = get_engine("vllm")
+"""What every benchmark worker runs: real vLLM, or the simulator, which speaks vLLM's protocol and metrics."""
+
+COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "requests_finished", "prompt_tokens", "generation_tokens")
+"""The engine counters the report reads, by their ``MetricNames`` field."""
 
 
 SIM_TOKENIZER = "python:litellm_disagg.sim.hf_tokenizer:load"
@@ -121,21 +121,19 @@ async def reset_prefix_caches(workers: list[Worker]) -> None:
 
 
 async def read_counters(workers: list[Worker]) -> dict[str, dict[str, float]]:
-    """Per worker, each of ``COUNTERS`` summed over its label sets."""
+    """Per worker, each of ``COUNTERS`` summed over its label sets (0 where the page lacks it)."""
     async with httpx.AsyncClient(timeout=30) as client:
         texts = await asyncio.gather(*(client.get(f"{w.server_url}/metrics") for w in workers))
     return {w.worker_id: parse_counters(r.text) for w, r in zip(workers, texts, strict=True)}
 
 
-def parse_counters(text: str) -> dict[str, float]:
-    out = dict.fromkeys(COUNTERS, 0.0)
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in out:
-            try:
-                out[name] += float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                continue
-    return out
+def parse_counters(text: str, metrics: MetricNames = ENGINE.adapter.metrics) -> dict[str, float]:
+    names = {
+        "prefix_cache_queries": metrics.prefix_cache_queries,
+        "prefix_cache_hits": metrics.prefix_cache_hits,
+        "requests_finished": metrics.requests_finished,
+        "prompt_tokens": metrics.prompt_tokens,
+        "generation_tokens": metrics.generation_tokens,
+    }
+    totals = prom_text.sums(text, prom_text.Wanted(name for name in names.values() if name is not None))
+    return {counter: totals.get(name, 0.0) if name is not None else 0.0 for counter, name in names.items()}

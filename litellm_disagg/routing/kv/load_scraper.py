@@ -1,13 +1,14 @@
 """LoadScraper: every worker's own load figures, and its measured KV transfers, read from its ``/metrics``.
 
+Metric names come from the engine's ``MetricNames`` (``litellm_disagg.engines``; vLLM's names below as the example).
 One asyncio task scrapes all targets concurrently every ``interval_s``. Per worker it keeps the last values of
 ``vllm:num_requests_waiting``, ``vllm:num_requests_running`` and ``vllm:kv_cache_usage_perc`` (older vLLM:
 ``vllm:gpu_cache_usage_perc``), summed over engines (usage averaged). A scrape that fails keeps the previous values
 and marks them stale; values older than ``stale_after_s`` read as stale too. Readers get a ``ScrapedLoad`` snapshot
 (immutable) and never wait for I/O.
 
-Parsing reads only the lines of the wanted metrics (a vLLM metrics page is mostly histograms), so 64 workers every
-250 ms cost little CPU on the event loop.
+Parsing (``engines.prom_text`` with a ``Wanted`` filter built once) reads only the lines of the wanted metrics (a vLLM
+metrics page is mostly histograms), so 64 workers every 250 ms cost little CPU on the event loop.
 
 KV transfers (what the decode side of vLLM's NixlConnector measured). The same scrape reads three cumulative
 counters, summed over engines: ``vllm:nixl_xfer_time_seconds`` (a histogram: ``_count`` transfers, ``_sum`` their
@@ -48,19 +49,54 @@ from dataclasses import dataclass
 
 import httpx
 
+from litellm_disagg.engines import prom_text
+from litellm_disagg.engines.base import MetricNames
+from litellm_disagg.engines.vllm.metrics import VLLM_METRICS
+
 logger = logging.getLogger(__name__)
 
-WAITING = "vllm:num_requests_waiting"
-RUNNING = "vllm:num_requests_running"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-KV_USAGE_OLD = "vllm:gpu_cache_usage_perc"
-XFER_COUNT = "vllm:nixl_xfer_time_seconds_count"
-XFER_SECONDS = "vllm:nixl_xfer_time_seconds_sum"
-TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
-EXTERNAL_SOURCE = 'source="external_kv_transfer"'
-PROCESS_START = "process_start_time_seconds"
-_LOAD = (WAITING, RUNNING, KV_USAGE, KV_USAGE_OLD)
-_WANTED = frozenset((*_LOAD, XFER_COUNT, XFER_SECONDS, TOKENS_BY_SOURCE, PROCESS_START))
+
+@dataclass(frozen=True)
+class _LoadNames:
+    """The metric names one scrape reads, taken from the engine's ``MetricNames``, and the filter that finds them."""
+
+    waiting: str
+    running: str
+    kv_usage: str
+    kv_usage_fallback: str | None
+    transfers: str | None
+    seconds: str | None
+    tokens: str | None
+    source_label: str
+    transferred_source: str
+    process_start: str
+    wanted: prom_text.Wanted
+
+    @classmethod
+    def of(cls, metrics: MetricNames) -> _LoadNames:
+        names = (
+            metrics.requests_waiting,
+            metrics.requests_running,
+            metrics.kv_cache_usage,
+            metrics.kv_cache_usage_fallback,
+            metrics.transfer_count,
+            metrics.transfer_seconds,
+            metrics.prompt_tokens_by_source,
+            metrics.process_start,
+        )
+        return cls(
+            waiting=metrics.requests_waiting,
+            running=metrics.requests_running,
+            kv_usage=metrics.kv_cache_usage,
+            kv_usage_fallback=metrics.kv_cache_usage_fallback,
+            transfers=metrics.transfer_count,
+            seconds=metrics.transfer_seconds,
+            tokens=metrics.prompt_tokens_by_source,
+            source_label=metrics.source_label,
+            transferred_source=metrics.transferred_source,
+            process_start=metrics.process_start,
+            wanted=prom_text.Wanted(name for name in names if name is not None),
+        )
 
 
 @dataclass(frozen=True)
@@ -103,63 +139,48 @@ class TransferSample:
     tokens: float
 
 
-def _parse(text: str) -> tuple[ScrapedLoad | None, TransferTotals | None]:
+def _parse(text: str, names: _LoadNames) -> tuple[ScrapedLoad | None, TransferTotals | None]:
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for line in text.splitlines():
-        if not line.startswith(("vllm:", PROCESS_START)):
-            continue
-        name_end = len(line)
-        for stop in ("{", " "):
-            at = line.find(stop)
-            if 0 <= at < name_end:
-                name_end = at
-        name = line[:name_end]
-        if name not in _WANTED:
-            continue
-        labels_end = line.rfind("}") + 1 if "}" in line else name_end
-        if name == TOKENS_BY_SOURCE and EXTERNAL_SOURCE not in line[name_end:labels_end]:
-            continue
-        fields = line[labels_end:].split()
-        if not fields:
-            continue
-        try:
-            value = float(fields[0])
-        except ValueError:
+    tokens, source, transferred = names.tokens, names.source_label, names.transferred_source
+    for name, labels, value in prom_text.samples(text, names.wanted):
+        if name == tokens and labels.get(source) != transferred:
             continue
         sums[name] = sums.get(name, 0.0) + value
         counts[name] = counts.get(name, 0) + 1
     load: ScrapedLoad | None = None
-    if any(name in sums for name in _LOAD):
-        usage_name = KV_USAGE if KV_USAGE in sums else KV_USAGE_OLD
+    if any(name in sums for name in (names.waiting, names.running, names.kv_usage, names.kv_usage_fallback)):
+        usage_name = names.kv_usage if names.kv_usage in sums or names.kv_usage_fallback is None else names.kv_usage_fallback
         usage = sums.get(usage_name, 0.0) / counts.get(usage_name, 1)
         load = ScrapedLoad(
-            waiting=sums.get(WAITING, 0.0),
-            running=sums.get(RUNNING, 0.0),
+            waiting=sums.get(names.waiting, 0.0),
+            running=sums.get(names.running, 0.0),
             kv_usage=min(1.0, max(0.0, usage)),
             stale=False,
         )
     totals: TransferTotals | None = None
-    transfers, seconds, tokens = sums.get(XFER_COUNT), sums.get(XFER_SECONDS), sums.get(TOKENS_BY_SOURCE)
+    transfers = sums.get(names.transfers) if names.transfers is not None else None
+    seconds = sums.get(names.seconds) if names.seconds is not None else None
+    transferred_tokens = sums.get(tokens) if tokens is not None else None
     if (
         transfers is not None
         and seconds is not None
-        and tokens is not None
-        and all(math.isfinite(v) and v >= 0 for v in (transfers, seconds, tokens))
+        and transferred_tokens is not None
+        and all(math.isfinite(v) and v >= 0 for v in (transfers, seconds, transferred_tokens))
     ):
-        start = sums.get(PROCESS_START) if counts.get(PROCESS_START) == 1 else None
-        totals = TransferTotals(transfers, seconds, tokens, start)
+        start = sums.get(names.process_start) if counts.get(names.process_start) == 1 else None
+        totals = TransferTotals(transfers, seconds, transferred_tokens, start)
     return load, totals
 
 
-def parse_metrics(text: str) -> ScrapedLoad | None:
+def parse_metrics(text: str, metrics: MetricNames = VLLM_METRICS) -> ScrapedLoad | None:
     """The wanted load figures from a Prometheus text page; None if it has none of them."""
-    return _parse(text)[0]
+    return _parse(text, _LoadNames.of(metrics))[0]
 
 
-def parse_transfer_totals(text: str) -> TransferTotals | None:
+def parse_transfer_totals(text: str, metrics: MetricNames = VLLM_METRICS) -> TransferTotals | None:
     """The KV transfer counters from a Prometheus text page; None unless it has all three."""
-    return _parse(text)[1]
+    return _parse(text, _LoadNames.of(metrics))[1]
 
 
 class TransferDeltas:
@@ -225,9 +246,11 @@ class LoadScraper:
         clock: Callable[[], float] = time.monotonic,
         on_transfers: Callable[[TransferSample], None] | None = None,
         transfer_carry_s: float = 5.0,
+        metrics: MetricNames = VLLM_METRICS,
     ):
         """``on_transfers``: called (on the event loop, never with an exception escaping) with each worker's
-        ``TransferSample``; ``transfer_carry_s``: how long a one-sided increase waits for its other side."""
+        ``TransferSample``; ``transfer_carry_s``: how long a one-sided increase waits for its other side;
+        ``metrics``: the workers' engine's metric names."""
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.stale_after_s = stale_after_s
@@ -239,6 +262,7 @@ class LoadScraper:
         self._task: asyncio.Task[None] | None = None
         self.on_transfers = on_transfers
         self._transfers = TransferDeltas(carry_s=transfer_carry_s)
+        self._names = _LoadNames.of(metrics)
 
     # -- targets ------------------------------------------------------------------------------------------------------
 
@@ -289,9 +313,9 @@ class LoadScraper:
         try:
             response = await client.get(f"{server_url}/metrics", timeout=self.timeout_s)
             response.raise_for_status()
-            parsed, totals = _parse(response.text)
+            parsed, totals = _parse(response.text, self._names)
             if parsed is None:
-                raise ValueError("no vLLM load metrics on the page")
+                raise ValueError("no load metrics on the page")
         except (httpx.HTTPError, ValueError) as exc:
             previous = self._last.get(worker_id)
             if worker_id in self._targets and (previous is None or not previous.stale):
