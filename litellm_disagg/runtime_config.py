@@ -115,7 +115,7 @@ class RuntimeConfig(BaseModel):
         for old, new in (("nixl_host", "host"), ("nixl_port", "port")):
             if old in data:
                 transfer[new] = data[old]
-        moved = {k: v for k, v in data.items() if k not in _LEGACY_KEYS}
+        moved = {k: v for k, v in data.items() if k not in LEGACY_KEYS}
         if "engine" not in data and "backend" in data:
             moved["engine"] = data["backend"]
         return moved | {"transfer": transfer}
@@ -176,5 +176,5 @@ class RuntimeConfig(BaseModel):
         return self.model_copy(update={"state": state})
 
 
-_LEGACY_KEYS: Final = frozenset({"nixl_host", "nixl_port", "backend"})
-"""Top-level keys of a 0.1 entry that ``transfer`` and ``engine`` replace."""
+LEGACY_KEYS: Final = frozenset({"nixl_host", "nixl_port", "backend"})
+"""Top-level keys of a 0.1 entry that ``transfer`` and ``engine`` replace (read, and still written, until 0.3)."""

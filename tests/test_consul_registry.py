@@ -33,7 +33,7 @@ from litellm_disagg.discovery.factory import make_registry
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.discovery.registry import RegistryError
-from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
+from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState
 from litellm_disagg.settings import DisaggSettings
 
 from .consul_double import ConsulDouble
@@ -45,7 +45,7 @@ FAST = dict(wait_s=2.0, min_query_interval_s=0.01, retry_min_s=0.05, retry_max_s
 def make_config(worker_id: str, **overrides: Any) -> RuntimeConfig:
     fields: dict[str, Any] = dict(
         worker_id=worker_id, model="tiny-model", role=WorkerRole.DECODE, base_url="http://127.0.0.1:8200/v1",
-        nixl_host="127.0.0.1", nixl_port=5601, kv_capacity_blocks=4096, block_size=16, state=WorkerState.READY,
+        transfer=VllmNixlTransfer(host="127.0.0.1", port=5601), kv_capacity_blocks=4096, block_size=16, state=WorkerState.READY,
         kv_events_endpoint="tcp://127.0.0.1:5557",
     )
     return RuntimeConfig(**(fields | overrides))
@@ -115,6 +115,49 @@ def test_small_config_round_trips_through_meta() -> None:
     assert encoded.meta["kv_capacity_blocks"] == "4096" and encoded.meta["role"] == "decode"
     assert codec.meta_problem(encoded.meta) is None
     assert codec.decode_meta(encoded.meta) == config
+
+
+def test_the_transfer_section_is_flattened_into_meta() -> None:
+    meta = codec.encode(make_config("w-1"), kv_prefix="p").meta
+    assert (meta["engine"], meta["transfer_kind"], meta["transfer_host"], meta["transfer_port"]) == (
+        "vllm", "vllm-nixl", "127.0.0.1", "5601")
+    assert "transfer" not in meta
+    bad = meta | {"transfer_port": "0"}
+    with pytest.raises(ValueError):
+        codec.decode_meta(bad)
+
+
+# Meta exactly as the 0.1 codec wrote it (top-level nixl_host/nixl_port/backend, no transfer_ keys).
+META_0_1 = {
+    "worker_id": "w-1", "model": "tiny-model", "role": "decode", "backend": "vllm",
+    "base_url": "http://127.0.0.1:8200/v1", "nixl_host": "127.0.0.1", "nixl_port": "5601",
+    "kv_capacity_blocks": "4096", "block_size": "16", "kv_events_endpoint": "tcp://127.0.0.1:5557",
+    "tensor_parallel_size": "1", "state": "ready", "started_at": "1712345678.5", "version": "0.1.0",
+    "ld_format": "meta-1",
+}
+
+
+def test_meta_of_the_0_1_codec_still_reads() -> None:
+    assert codec.decode_meta(META_0_1) == make_config("w-1", started_at=1712345678.5, version="0.1.0")
+    with pytest.raises(ValueError):
+        codec.decode_meta(META_0_1 | {"nixl_port": "none"})
+
+
+def test_a_0_1_router_reads_new_meta_and_kv_documents() -> None:
+    from tests.support.runtime_config_0_1 import RuntimeConfig as RuntimeConfig01
+
+    config = make_config("w-1", started_at=1712345678.5, version="0.1.0")
+    meta = codec.encode(config, kv_prefix="p").meta
+    # The 0.1 codec's decode_meta: the Meta keys its RuntimeConfig knows, validated lax.
+    old = RuntimeConfig01.model_validate({k: v for k, v in meta.items() if k in RuntimeConfig01.model_fields}, strict=False)
+    assert old == RuntimeConfig01.model_validate({k: v for k, v in META_0_1.items() if k in RuntimeConfig01.model_fields},
+                                                 strict=False)
+    big = codec.encode(make_config("w-big", model="模型" * 100), kv_prefix="p")
+    assert big.kv is not None
+    assert RuntimeConfig01.model_validate_json(big.kv.value).nixl_port == 5601
+    legacy_document = json.dumps(old.model_dump(mode="json")).encode()  # a 0.1 worker's KV document
+    key = codec.kv_key("p", "w-1", legacy_document)
+    assert codec.decode_kv(key, legacy_document) == config
 
 
 async def test_published_meta_is_flat_strings(double: ConsulDouble, registries: Callable[..., ConsulRegistry]) -> None:

@@ -5,8 +5,12 @@ keys of at most 128 characters from ``[A-Za-z0-9_-]`` not starting with ``consul
 (Consul measures bytes, so multi-byte UTF-8 text reaches the limit before 512 characters).
 
 A config that fits is written field by field, each RuntimeConfig field under its own name (``model``, ``role``,
-``kv_capacity_blocks``...), numbers as their JSON text, plus ``ld_format: meta-1``. Reading it back is the one place
-where numbers come from strings, since Meta has nothing else (validation is RuntimeConfig's, in lax mode).
+``kv_capacity_blocks``...), numbers as their JSON text, plus ``ld_format: meta-1``. The transfer section is flattened,
+one key per field under the reserved ``transfer_`` prefix (``transfer_kind``, ``transfer_host``, ``transfer_port``),
+so a normal worker still fits Meta. The 0.1 keys a serialized config carries (``backend``, ``nixl_host``,
+``nixl_port``) are written too, for 0.1 routers; entries of the 0.1 codec (those keys, no ``transfer_``) read back as
+before. Reading is the one place where numbers come from strings, since Meta has nothing else (validation is
+RuntimeConfig's, in lax mode).
 
 A config that does not fit (a long multi-byte model name; any non-scalar field a newer RuntimeConfig may add) goes to
 KV as one JSON document under ``<kv_prefix>/<worker_id>/<sha256 prefix>``; Meta then holds ``ld_format: kv-1``,
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from litellm_disagg.runtime_config import RuntimeConfig
+from litellm_disagg.runtime_config import LEGACY_KEYS, RuntimeConfig
 
 META_MAX_PAIRS = 64
 META_MAX_KEY_CHARS = 128
@@ -39,6 +43,8 @@ KV_KEY = "ld_kv_key"
 FORMAT_META = "meta-1"
 FORMAT_KV = "kv-1"
 _SUMMARY_FIELDS = ("worker_id", "model", "role", "state")
+TRANSFER_PREFIX = "transfer_"
+"""Meta keys of the flattened transfer section (``transfer_kind``, ``transfer_host``...)."""
 _SERVICE_NAME_MAX = 63  # one DNS label: Consul warns about longer (or non-DNS) service names
 
 
@@ -112,9 +118,12 @@ def worker_id_prefix(kv_prefix: str, worker_id: str) -> str:
 def _as_meta(config: RuntimeConfig) -> dict[str, str] | None:
     """The config as Meta strings, or ``None`` when a field has no string form (a list; ``None`` over a default)."""
     meta: dict[str, str] = {}
-    for name, value in config.model_dump(mode="json").items():
+    fields = config.model_dump(mode="json")
+    transfer = fields.pop("transfer")
+    for name, value in [*fields.items(), *((f"{TRANSFER_PREFIX}{key}", value) for key, value in transfer.items())]:
         if value is None:
-            if RuntimeConfig.model_fields[name].get_default(call_default_factory=False) is not None:
+            field = RuntimeConfig.model_fields.get(name)
+            if field is None or field.get_default(call_default_factory=False) is not None:
                 return None
             continue  # absent == the default None
         text = _scalar_text(value)
@@ -148,7 +157,12 @@ def decode_meta(meta: Mapping[str, str]) -> RuntimeConfig | KvReference:
         return KvReference(key)
     if form != FORMAT_META:
         raise UndecodableEntry(f"unknown {FORMAT_KEY} {form!r}")
-    fields = {name: value for name, value in meta.items() if name in RuntimeConfig.model_fields}
+    fields: dict[str, Any] = {
+        name: value for name, value in meta.items() if name in RuntimeConfig.model_fields or name in LEGACY_KEYS
+    }
+    transfer = {name[len(TRANSFER_PREFIX) :]: value for name, value in meta.items() if name.startswith(TRANSFER_PREFIX)}
+    if transfer:
+        fields["transfer"] = transfer  # else a 0.1 entry: RuntimeConfig reads its nixl_host/nixl_port
     # Meta holds only strings: numbers and enums are parsed from their text here (lax), never anywhere else.
     return RuntimeConfig.model_validate(fields, strict=False)
 
