@@ -1,7 +1,7 @@
 """Hundreds of concurrent streaming requests while simulated workers join, drain and crash (both roles):
 every request ends exactly once, completed with the right text or failed with an error the client sees."""
 
-from litellm_disagg.sim.soak import SoakConfig, run_soak
+from bench.soak.harness import SoakConfig, run_soak
 
 
 async def test_soak_nothing_lost_nothing_twice(tmp_path):

@@ -3,7 +3,7 @@ strategy, over simulated workers that join, drain and crash while the load runs.
 
 Every request must end exactly once: completed with exactly the text the same prompt gives on a single worker, or
 failed with an exception the client sees. ``SoakReport`` counts what happened; ``tests/test_soak.py`` asserts on it
-and ``bench/soak.py`` prints it and plots it.
+and ``python -m bench.soak`` prints it and plots it.
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
                         assert victim.engine is not None  # a live worker has its engine
                         scheduler = victim.engine.scheduler
                         # On it: what its engine holds, or what the router has sent it (some still in transit).
-                        busy = max(scheduler.num_running + scheduler.num_waiting, controller.accounting.requests(victim.worker_id))
+                        busy = max(scheduler.num_running + scheduler.num_waiting, controller.load.count(victim.worker_id))
                         if role is WorkerRole.DECODE:
                             report.cut_by_crashes += busy
                         await cluster.crash(victim.worker_id)

@@ -1,7 +1,7 @@
 """Soak benchmark: concurrent streaming requests through the litellm-disagg strategy over simulated workers that
 join, drain and crash during the run. Prints the counts and latencies and writes a PNG.
 
-    .venv/bin/python bench/soak.py [--requests 1000] [--concurrency 300] [--prefill 3] [--decode 4] [--out bench/results]
+    .venv/bin/python -m bench.soak [--requests 1000] [--concurrency 300] [--prefill 3] [--decode 4] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from litellm_disagg.sim.soak import SoakConfig, SoakReport, run_soak  # noqa: E402
+from bench.soak.harness import SoakConfig, SoakReport, run_soak  # noqa: E402
 
 
 def plot(report: SoakReport, path: Path) -> None:
