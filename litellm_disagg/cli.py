@@ -34,7 +34,7 @@ def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--port", type=int, help="vLLM HTTP port (default: a free one)")
     p.add_argument("--engine", choices=sorted(ENGINES), default="vllm", help="inference engine (default vllm)")
     p.add_argument("--nixl-host", help="KV transfer side-channel host, vLLM: NIXL's (default: --host)")
-    p.add_argument("--nixl-port", type=int, help="KV transfer side-channel port, unique per worker on a host (default: free)")
+    p.add_argument("--nixl-port", type=int, help="KV transfer side-channel port, unique per host (default: free)")
     p.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--kv-cache-mib", type=int, help="KV cache size in MiB (default on CPU: 512)")

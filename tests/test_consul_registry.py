@@ -45,7 +45,8 @@ FAST = dict(wait_s=2.0, min_query_interval_s=0.01, retry_min_s=0.05, retry_max_s
 def make_config(worker_id: str, **overrides: Any) -> RuntimeConfig:
     fields: dict[str, Any] = dict(
         worker_id=worker_id, model="tiny-model", role=WorkerRole.DECODE, base_url="http://127.0.0.1:8200/v1",
-        transfer=VllmNixlTransfer(host="127.0.0.1", port=5601), kv_capacity_blocks=4096, block_size=16, state=WorkerState.READY,
+        transfer=VllmNixlTransfer(host="127.0.0.1", port=5601), kv_capacity_blocks=4096, block_size=16,
+        state=WorkerState.READY,
         kv_events_endpoint="tcp://127.0.0.1:5557",
     )
     return RuntimeConfig(**(fields | overrides))
@@ -148,10 +149,12 @@ def test_a_0_1_router_reads_new_meta_and_kv_documents() -> None:
 
     config = make_config("w-1", started_at=1712345678.5, version="0.1.0")
     meta = codec.encode(config, kv_prefix="p").meta
-    # The 0.1 codec's decode_meta: the Meta keys its RuntimeConfig knows, validated lax.
-    old = RuntimeConfig01.model_validate({k: v for k, v in meta.items() if k in RuntimeConfig01.model_fields}, strict=False)
-    assert old == RuntimeConfig01.model_validate({k: v for k, v in META_0_1.items() if k in RuntimeConfig01.model_fields},
-                                                 strict=False)
+    def old_decode_meta(meta: dict[str, str]) -> Any:  # the 0.1 codec's: the keys its model knows, validated lax
+        return RuntimeConfig01.model_validate({k: v for k, v in meta.items() if k in RuntimeConfig01.model_fields},
+                                              strict=False)
+
+    old = old_decode_meta(meta)
+    assert old == old_decode_meta(META_0_1)
     big = codec.encode(make_config("w-big", model="模型" * 100), kv_prefix="p")
     assert big.kv is not None
     assert RuntimeConfig01.model_validate_json(big.kv.value).nixl_port == 5601

@@ -78,7 +78,9 @@ def test_invalid_fields_are_refused(change):
         RuntimeConfig.model_validate(VALID | change)
 
 
-@pytest.mark.parametrize("missing", ["worker_id", "model", "role", "base_url", "transfer", "kv_capacity_blocks", "block_size"])
+@pytest.mark.parametrize(
+    "missing", ["worker_id", "model", "role", "base_url", "transfer", "kv_capacity_blocks", "block_size"]
+)
 def test_missing_required_field_is_refused(missing):
     data = dict(VALID)
     del data[missing]

@@ -60,9 +60,8 @@ def build(name: ArmName, workers: WorkerSet, *, kv_routing: dict[str, Any] | Non
         return Arm(name, base)
 
     def deployment(group: str, url: str) -> dict[str, Any]:
-        return {"model_name": group,
-                "litellm_params": {"model": f"{ENGINE.adapter.provider_prefix}/{workers.model}", "api_base": f"{url}/v1",
-                                   "api_key": "none"}}
+        model = f"{ENGINE.adapter.provider_prefix}/{workers.model}"
+        return {"model_name": group, "litellm_params": {"model": model, "api_base": f"{url}/v1", "api_key": "none"}}
 
     model_list = [deployment(workers.model, w.server_url) for w in workers.workers]
     model_list += [deployment(pinned_group(workers.model, i), w.server_url) for i, w in enumerate(workers.workers)]

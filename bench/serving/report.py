@@ -29,7 +29,7 @@ class ArmFigures:
     e2e_p50_ms: float
     e2e_p99_ms: float
     hit_rate: float
-    """Prompt tokens served from the prefix cache / prompt tokens looked up, over all workers (the engine's counters)."""
+    """Prompt tokens served from the prefix cache / prompt tokens looked up, over all workers (engine counters)."""
     throughput_rps: float
     output_tokens_per_s: float
     per_worker_requests: dict[str, int] = field(default_factory=dict)

@@ -56,7 +56,7 @@ async def test_workers_register_like_real_ones_and_stay_alive(registry, client):
             assert config.base_url == worker.base_url and config.transfer.host == "127.0.0.1"
             assert config.kv_events_endpoint == worker.kv_events_endpoint
             assert config.kv_events_endpoint.startswith("tcp://127.0.0.1:")
-            facts = await engine_probe.engine_facts(client, config.server_url, VLLM_METRICS)  # what the wrapper would publish
+            facts = await engine_probe.engine_facts(client, config.server_url, VLLM_METRICS)  # what a wrapper publishes
             assert (facts.block_size, facts.kv_capacity_blocks) == (config.block_size, config.kv_capacity_blocks)
         await asyncio.sleep(TTL * 2)  # heartbeats keep every entry alive past its TTL
         assert len(await snapshot(registry)) == 5

@@ -150,7 +150,9 @@ def _parse(text: str, names: _LoadNames) -> tuple[ScrapedLoad | None, TransferTo
         counts[name] = counts.get(name, 0) + 1
     load: ScrapedLoad | None = None
     if any(name in sums for name in (names.waiting, names.running, names.kv_usage, names.kv_usage_fallback)):
-        usage_name = names.kv_usage if names.kv_usage in sums or names.kv_usage_fallback is None else names.kv_usage_fallback
+        usage_name = names.kv_usage
+        if usage_name not in sums and names.kv_usage_fallback is not None:
+            usage_name = names.kv_usage_fallback
         usage = sums.get(usage_name, 0.0) / counts.get(usage_name, 1)
         load = ScrapedLoad(
             waiting=sums.get(names.waiting, 0.0),
