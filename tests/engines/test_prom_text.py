@@ -76,3 +76,21 @@ def test_lines_that_do_not_parse_are_skipped(line):
 def test_nan_is_a_value():
     (sample,) = samples("m NaN")
     assert sample.value != sample.value
+
+
+def test_where_keeps_one_label_value_and_labelled_skips_reading_labels():
+    page = (
+        'tokens{engine="0",source="local_compute"} 1\n'
+        'tokens{source="external_kv_transfer",engine="0"} 2\n'
+        'tokens{engine="1",source="external_kv_transfer"} 4\n'
+        'tokens{engine="1",xsource="external_kv_transfer"} 8\n'  # another label whose name ends the same way
+        'tokens{engine="1",source="external_kv_transfer_2"} 16\n'
+        'tokens{engine="2\\"",source="external_kv_transfer"} 32\n'  # escapes: read the careful way
+        "tokens 64\n"  # no labels at all
+        'other{source="x"} 128\n'
+    )
+    wanted = Wanted(["tokens", "other"], labelled=["other"], where={"tokens": ("source", "external_kv_transfer")})
+    got = sorted(samples(page, wanted), key=lambda s: s.value)
+    assert [(s.name, s.value) for s in got] == [("tokens", 2.0), ("tokens", 4.0), ("tokens", 32.0), ("other", 128.0)]
+    assert [dict(s.labels) for s in got] == [{}, {}, {}, {"source": "x"}]
+    assert sums(page, wanted) == {"tokens": 38.0, "other": 128.0}

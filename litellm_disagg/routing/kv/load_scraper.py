@@ -67,8 +67,7 @@ class _LoadNames:
     transfers: str | None
     seconds: str | None
     tokens: str | None
-    source_label: str
-    transferred_source: str
+    """Prompt tokens by source; ``wanted`` keeps only those that arrived by transfer."""
     process_start: str
     wanted: prom_text.Wanted
 
@@ -84,6 +83,8 @@ class _LoadNames:
             metrics.prompt_tokens_by_source,
             metrics.process_start,
         )
+        tokens = metrics.prompt_tokens_by_source
+        by_source = {} if tokens is None else {tokens: (metrics.source_label, metrics.transferred_source)}
         return cls(
             waiting=metrics.requests_waiting,
             running=metrics.requests_running,
@@ -91,11 +92,13 @@ class _LoadNames:
             kv_usage_fallback=metrics.kv_cache_usage_fallback,
             transfers=metrics.transfer_count,
             seconds=metrics.transfer_seconds,
-            tokens=metrics.prompt_tokens_by_source,
-            source_label=metrics.source_label,
-            transferred_source=metrics.transferred_source,
+            tokens=tokens,
             process_start=metrics.process_start,
-            wanted=prom_text.Wanted(name for name in names if name is not None),
+            wanted=prom_text.Wanted(
+                (name for name in names if name is not None),
+                labelled=(),  # only sums are needed; the one label that matters is a filter
+                where=by_source,
+            ),
         )
 
 
@@ -142,10 +145,7 @@ class TransferSample:
 def _parse(text: str, names: _LoadNames) -> tuple[ScrapedLoad | None, TransferTotals | None]:
     sums: dict[str, float] = {}
     counts: dict[str, int] = {}
-    tokens, source, transferred = names.tokens, names.source_label, names.transferred_source
-    for name, labels, value in prom_text.samples(text, names.wanted):
-        if name == tokens and labels.get(source) != transferred:
-            continue
+    for name, _, value in prom_text.samples(text, names.wanted):
         sums[name] = sums.get(name, 0.0) + value
         counts[name] = counts.get(name, 0) + 1
     load: ScrapedLoad | None = None
@@ -163,7 +163,7 @@ def _parse(text: str, names: _LoadNames) -> tuple[ScrapedLoad | None, TransferTo
     totals: TransferTotals | None = None
     transfers = sums.get(names.transfers) if names.transfers is not None else None
     seconds = sums.get(names.seconds) if names.seconds is not None else None
-    transferred_tokens = sums.get(tokens) if tokens is not None else None
+    transferred_tokens = sums.get(names.tokens) if names.tokens is not None else None
     if (
         transfers is not None
         and seconds is not None
