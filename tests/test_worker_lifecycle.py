@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import pytest
 
 from litellm_disagg.discovery.registry import RegistryError
-from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
 from litellm_disagg.workers.lifecycle import DrainOutcome, DrainPolicy, EngineActivity, WorkerLifecycle
 
 CONFIG = RuntimeConfig(
