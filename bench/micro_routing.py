@@ -7,8 +7,8 @@ What it measures (p50 / p99 over many decisions, one process, no network):
 - ``hash``: chained block hashes of the prompt's token ids;
 - ``lookup``: one prefix-index query (``PrefixIndex.overlap``) over 64 workers holding 1M blocks in all;
 - ``decision``: hash + one lookup + load snapshot + scoring + selection for the decode pool and the prefill pool
-  (``KVRouter.context`` over all 64 workers, then ``select_decode`` and ``select_prefill``), tokenization excluded;
-  ``prefill``: the same for the prefill pool alone;
+  (``KVRouter.context`` over all 64 workers, then the decode and the prefill profile's ``Pipeline.select``, as the
+  route planner runs them), tokenization excluded; ``prefill``: the same for the prefill pool alone;
 - ``tokenize 1st turn``: a new conversation's first request (every prompt distinct: nothing cached), tokenized with
   the model's tokenizer and chat template in a thread (``KVRouter.prompt``); ``tokenize 2nd turn``: the same
   conversation's next request (its first turn's messages, an answer and a short follow-up), whose earlier messages
@@ -48,16 +48,21 @@ import msgpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from litellm_disagg.engines.vllm import VLLM
+from litellm_disagg.engines.base import Endpoint  # noqa: E402
+from litellm_disagg.engines.base import BlockRemoved, BlockStored  # noqa: E402
+from litellm_disagg.engines.vllm.kv_events import decode_message  # noqa: E402
+from litellm_disagg.routing.accounting import FlightKey  # noqa: E402
 from litellm_disagg.routing.kv.block_hash import ROOT, PromptBlocks, chain_hashes  # noqa: E402
 from litellm_disagg.routing.kv.event_applier import EventApplier  # noqa: E402
-from litellm_disagg.routing.kv.kv_events import BlockRemoved, BlockStored, decode_message  # noqa: E402
 from litellm_disagg.routing.kv.prefix_index import PrefixIndex  # noqa: E402
 from litellm_disagg.routing.kv.router import KVRouter  # noqa: E402
 from litellm_disagg.routing.kv.settings import KVRoutingSettings  # noqa: E402
+from litellm_disagg.routing.pipeline.pipeline import Pipeline  # noqa: E402
+from litellm_disagg.routing.pipeline.selection import Selection  # noqa: E402
 from litellm_disagg.routing.pool import WorkerPool  # noqa: E402
 from litellm_disagg.routing.request import DisaggRequest  # noqa: E402
-from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState  # noqa: E402
-from litellm_disagg.transfer.vllm import Endpoint  # noqa: E402
+from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState  # noqa: E402
 
 FOLLOW_UP_TOKENS = 160
 """About how many tokens a second turn adds (an answer and a question)."""
@@ -118,8 +123,7 @@ def workers(n: int, capacity: int, block_size: int) -> list[RuntimeConfig]:
                 model="m",
                 role=role,
                 base_url=f"http://127.0.0.1:{20000 + i}/v1",
-                nixl_host="127.0.0.1",
-                nixl_port=5600,
+                transfer=VllmNixlTransfer(host="127.0.0.1", port=5600),
                 kv_capacity_blocks=capacity,
                 block_size=block_size,
                 kv_events_endpoint=f"tcp://127.0.0.1:{30000 + i}",
@@ -201,6 +205,18 @@ def text_of_tokens(directory: Path, target: int, rng: random.Random) -> str:
 # -- decisions ---------------------------------------------------------------------------------------------------------
 
 
+class Pools:
+    """The decode and the prefill pool's pipelines, built as the controller builds them (one RNG, seeded from the
+    settings), each with its worker candidates."""
+
+    def __init__(self, settings: KVRoutingSettings, configs: list[RuntimeConfig]):
+        rng = random.Random(settings.seed)
+        self.decode = Pipeline(settings.decode, rng=rng)
+        self.prefill = Pipeline(settings.prefill, rng=rng)
+        self.decode_workers = [w for w in configs if w.role is WorkerRole.DECODE]
+        self.prefill_workers = [w for w in configs if w.role is WorkerRole.PREFILL]
+
+
 async def bench_decisions(args: argparse.Namespace) -> None:
     rng = random.Random(args.seed)
     per_worker = args.blocks // args.workers
@@ -209,7 +225,12 @@ async def bench_decisions(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         tok_dir = tokenizer_dir(args.model_dir, Path(scratch))
         settings = settings.model_copy(
-            update={"tokenizer": settings.tokenizer.model_copy(update={"model_dirs": {"m": str(tok_dir)}})}
+            # Tokenization is local only: no worker listens here, so none is asked for its /tokenize.
+            update={
+                "tokenizer": settings.tokenizer.model_copy(
+                    update={"model_dirs": {"m": str(tok_dir)}, "http_fallback": False}
+                )
+            }
         )
         router = KVRouter(settings)
         router.sync(WorkerPool.of(configs))  # event subscribers are created, not started: no sockets connect
@@ -223,29 +244,28 @@ async def bench_decisions(args: argparse.Namespace) -> None:
             f"filled in {time.perf_counter() - started:.1f} s, +{rss_mb() - before:.0f} MB RSS"
         )
         for w in configs[::3]:  # some load, so that the load terms are not all zero
-            router.inflight.start(f"r-{w.worker_id}", w.worker_id)
-            router.tokens.start(
-                f"r-{w.worker_id}",
+            router.accounting.start(
+                FlightKey.decode(f"r-{w.worker_id}"),
                 w.worker_id,
                 prefill_tokens=rng.randrange(0, 4096),
                 decode_blocks=rng.randrange(0, 500),
             )
+        pools = Pools(settings, configs)
         gc.collect()
         print(f"\ndecision latency, {args.workers} workers, block size {args.block_size}")
         for size in (1024, 8192):
             n = args.iterations if size == 1024 else max(200, args.iterations // 4)
             prompts = [d[: size - 7] + [rng.randrange(VOCAB) for _ in range(7)] for d in docs]
-            decisions(router, configs, prompts, args.block_size, n)
-            await tokenized_decisions(router, configs, tok_dir, size, max(50, n // 10), rng)
+            decisions(router, pools, configs, prompts, args.block_size, n)
+            await tokenized_decisions(router, pools, configs, tok_dir, size, max(50, n // 10), rng)
         await router.stop()
 
 
 def decisions(
-    router: KVRouter, configs: list[RuntimeConfig], prompts: list[list[int]], block_size: int, n: int
+    router: KVRouter, pools: Pools, configs: list[RuntimeConfig], prompts: list[list[int]], block_size: int, n: int
 ) -> None:
     """Hash, lookup, and whole decisions (tokens given), ``n`` times each over the prompts in turn."""
-    prefill = [w for w in configs if w.role is WorkerRole.PREFILL]
-    decode = [w for w in configs if w.role is WorkerRole.DECODE]
+    prefill, decode = pools.prefill_workers, pools.decode_workers
     turn = iter(range(10**9))
     hashes = [chain_hashes(p, block_size) for p in prompts]
 
@@ -255,14 +275,17 @@ def decisions(
     def decide() -> None:
         blocks = PromptBlocks(one_prompt())
         ctx = router.context(blocks, configs)  # one index query and the loads of both pools
-        router.select_decode(blocks, decode, ctx=ctx)
-        router.select_prefill(blocks, prefill, ctx=ctx)
+        pools.decode.select(ctx, decode)
+        pools.prefill.select(ctx, prefill)
+
+    def select_prefill(blocks: PromptBlocks) -> Selection:
+        return pools.prefill.select(router.context(blocks, prefill), prefill)
 
     t_hash = timed(lambda: chain_hashes(one_prompt(), block_size), n)
     t_lookup = timed(lambda: router.index.overlap(hashes[next(turn) % len(hashes)]), n)
     t_decision = timed(decide, n)
-    t_prefill = timed(lambda: router.select_prefill(PromptBlocks(one_prompt()), prefill), n)
-    sample = router.select_prefill(PromptBlocks(prompts[0]), prefill)
+    t_prefill = timed(lambda: select_prefill(PromptBlocks(one_prompt())), n)
+    sample = select_prefill(PromptBlocks(prompts[0]))
     best = max(b.cached_tokens for b in sample.breakdown.values())
     size = len(prompts[0])
     print(f"  {size:>5} tokens  hash      {t_hash}")
@@ -272,12 +295,17 @@ def decisions(
 
 
 async def tokenized_decisions(
-    router: KVRouter, configs: list[RuntimeConfig], tok_dir: Path, size: int, n: int, rng: random.Random
+    router: KVRouter,
+    pools: Pools,
+    configs: list[RuntimeConfig],
+    tok_dir: Path,
+    size: int,
+    n: int,
+    rng: random.Random,
 ) -> None:
     """Conversations of about ``size`` tokens: each one's first turn (nothing cached) and second turn (its earlier
     messages cached), tokenization alone and followed by the decision for both pools."""
-    prefill = [w for w in configs if w.role is WorkerRole.PREFILL]
-    decode = [w for w in configs if w.role is WorkerRole.DECODE]
+    prefill, decode = pools.prefill_workers, pools.decode_workers
     words = bench_words()
     text = text_of_tokens(tok_dir, size - 16 - FOLLOW_UP_TOKENS, rng)
 
@@ -286,12 +314,12 @@ async def tokenized_decisions(
 
     def decide(prompt: PromptBlocks | None) -> None:
         ctx = router.context(prompt, configs)
-        router.select_decode(prompt, decode, ctx=ctx)
-        router.select_prefill(prompt, prefill, ctx=ctx)
+        pools.decode.select(ctx, decode)
+        pools.prefill.select(ctx, prefill)
 
     async def turn(request: DisaggRequest, tok: Timed, both: Timed) -> PromptBlocks | None:
         start, start_cpu = time.perf_counter(), time.process_time()
-        prompt = await router.prompt(request, "m")
+        prompt = await router.prompt(request, decode)  # the model's local tokenizer
         mid, mid_cpu = time.perf_counter(), time.process_time()
         decide(prompt)
         both.wall.append(time.perf_counter() - start)
@@ -520,7 +548,7 @@ async def bench_zmq(args: argparse.Namespace, per_worker: int, total_blocks: int
         wid, endpoint = await asyncio.to_thread(endpoints.get, True, 120)
         index.add_worker(wid, capacity_blocks=per_worker)
         applier = EventApplier(wid, index, block_size=args.block_size, capacity_blocks=per_worker)
-        subs[wid] = KVEventSubscriber(endpoint, applier, context=ctx, rcvhwm=0)
+        subs[wid] = KVEventSubscriber(endpoint, applier, decode=VLLM.adapter.decode_kv_events, context=ctx, rcvhwm=0)
         subs[wid].start()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 30

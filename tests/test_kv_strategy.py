@@ -11,6 +11,7 @@ import pytest
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.plugin import DisaggPlugin
+from litellm_disagg.routing.accounting import FlightKey
 from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.settings import DisaggSettings
 from litellm_disagg.sim import SimCluster, SimSettings
@@ -53,7 +54,7 @@ async def ask(plugin, router, user: str) -> None:
     lookup = controller.kv.scraper.lookup
     for _ in range(300):
         loads = [lookup()(w.worker_id) for w in controller.pool.workers]
-        if all(controller.load.count(w.worker_id) == 0 for w in controller.pool.workers) and not any(
+        if all(controller.accounting.requests(w.worker_id) == 0 for w in controller.pool.workers) and not any(
             load.running or load.waiting for load in loads
         ):
             return
@@ -115,10 +116,10 @@ async def test_saturated_prefill_pool_makes_the_decode_worker_prefill(tmp_path):
     try:
         [prefill] = cluster.workers_with(WorkerRole.PREFILL)
         # The router believes a huge backlog of prompt tokens is queued on the only prefill worker.
-        controller.kv.tokens.start("backlog", prefill.worker_id, prefill_tokens=5_000_000)
+        controller.accounting.start(FlightKey.prefill("backlog"), prefill.worker_id, prefill_tokens=5_000_000)
         await ask(plugin, router, "a question while the prefill pool is saturated")
         assert prefill.engine.stats.finished == 0
-        controller.kv.tokens.finish("backlog")
+        controller.accounting.finish(FlightKey.prefill("backlog"))
     finally:
         await plugin.detach()
         await cluster.close()

@@ -70,7 +70,7 @@ async def test_repeated_prefix_goes_to_the_worker_holding_it(workers, tiny_model
             await plugin.async_pre_call_hook(None, None, data, "acompletion")
             await router.acompletion(**data)
             for _ in range(200):  # LiteLLM's background success event has ended this call's in-flight entry
-                if all(controller.load.count(p.worker_id) == 0 for p in procs):
+                if all(controller.accounting.requests(p.worker_id) == 0 for p in procs):
                     return
                 await asyncio.sleep(0.01)
 

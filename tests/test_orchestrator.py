@@ -1,15 +1,15 @@
-"""The orchestrator's failure policy, with prefill workers behind httpx's MockTransport (no sockets)."""
+"""The orchestrator walks a RoutePlan: failure policy, with prefill workers behind httpx's MockTransport (no sockets)."""
 
 import httpx
 import pytest
 
-from litellm_disagg.routing.load import InflightTracker
+from litellm_disagg.engines.base import Endpoint
+from litellm_disagg.routing.accounting import Accounting
+from litellm_disagg.routing.cooldown import FailureCooldown
 from litellm_disagg.routing.orchestrator import Mode, NoPrefillAvailable, Orchestrator
-from litellm_disagg.routing.picker import RoundRobinPicker
-from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.request import DisaggRequest
+from litellm_disagg.routing.route_plan import RoutePlan
 from litellm_disagg.transfer.prefill import PrefillClient, PrefillRejected
-from litellm_disagg.transfer.vllm import Endpoint
 
 from .test_routing_units import w
 
@@ -33,7 +33,8 @@ def orchestrator(behaviour: dict[str, object], **kwargs) -> tuple[Orchestrator, 
         return httpx.Response(int(what), json={"error": {"message": f"{host} says {what}"}})
 
     client = PrefillClient(client=httpx.AsyncClient(transport=httpx.MockTransport(handle)))
-    return Orchestrator(prefill_client=client, picker=RoundRobinPicker(), load=InflightTracker(), **kwargs), calls
+    kwargs.setdefault("cooldown", FailureCooldown())
+    return Orchestrator(prefill_client=client, accounting=Accounting(), **kwargs), calls
 
 
 def worker(name, role):
@@ -42,6 +43,10 @@ def worker(name, role):
 
 REQ = DisaggRequest(endpoint=Endpoint.CHAT, fields={"messages": [{"role": "user", "content": "x"}]}, request_id="r1")
 DECODE = worker("d", "decode")
+
+
+def plan(*prefill_names: str, local_reason: str | None = None) -> RoutePlan:
+    return RoutePlan(DECODE, tuple(worker(n, "prefill") for n in prefill_names), local_reason, "test")
 
 
 @pytest.mark.parametrize(
@@ -56,33 +61,39 @@ DECODE = worker("d", "decode")
 )
 async def test_failover_then_aggregated(behaviour, mode, calls):
     orch, seen = orchestrator(behaviour)
-    pool = WorkerPool.of([worker("p1", "prefill"), worker("p2", "prefill"), DECODE])
-    plan = await orch.plan(pool, REQ, DECODE)
-    assert plan.mode is mode and len(seen) == calls
-    assert len(set(seen)) == len(seen)  # never the same worker twice
+    outcome = await orch.run(REQ, plan("p1", "p2"))
+    assert outcome.mode is mode and len(seen) == calls
+    assert seen == ["p1", "p2"][:calls]  # in the plan's order, never the same worker twice
     if mode is Mode.DISAGGREGATED:
-        assert plan.transfer.for_decode() == PARAMS and plan.prefill_worker_id == seen[-1]
+        assert outcome.decode_fields == {"kv_transfer_params": PARAMS} and outcome.prefill_worker_id == seen[-1]
+    else:
+        assert outcome.decode_fields == {}
 
 
 async def test_client_errors_are_not_retried():
     orch, seen = orchestrator({"p1": 400, "p2": "ok"})
     with pytest.raises(PrefillRejected) as info:
-        await orch.plan(WorkerPool.of([worker("p1", "prefill"), worker("p2", "prefill")]), REQ, DECODE)
+        await orch.run(REQ, plan("p1", "p2"))
     assert info.value.status_code == 400 and "p1 says 400" in info.value.body and seen == ["p1"]
 
 
 async def test_attempts_are_bounded_and_fallback_can_be_refused():
     orch, seen = orchestrator({"p1": 500, "p2": 500, "p3": 500}, max_attempts=2, aggregated_fallback=False)
     with pytest.raises(NoPrefillAvailable):
-        await orch.plan(WorkerPool.of([worker(n, "prefill") for n in ("p1", "p2", "p3")]), REQ, DECODE)
+        await orch.run(REQ, plan("p1", "p2", "p3"))
     assert len(seen) == 2
 
 
-async def test_a_both_worker_never_prefills_for_itself_and_load_is_released():
-    orch, seen = orchestrator({"b": "ok"})
-    both = worker("b", "both")
-    plan = await orch.plan(WorkerPool.of([both]), REQ, both)
-    assert plan.mode is Mode.AGGREGATED and seen == []
-    orch2, _ = orchestrator({"p1": "ok"})
-    await orch2.plan(WorkerPool.of([worker("p1", "prefill")]), REQ, DECODE)
-    assert orch2.load.count("p1") == 0
+async def test_a_local_choice_calls_no_prefill_even_without_fallback():
+    orch, seen = orchestrator({"p1": "ok"}, aggregated_fallback=False)
+    outcome = await orch.run(REQ, plan("p1", local_reason="mode never"))
+    assert outcome.mode is Mode.AGGREGATED and outcome.reason == "mode never" and seen == []
+
+
+async def test_a_worker_that_went_cooling_is_tried_last_and_load_is_released():
+    cooldown = FailureCooldown(cooldown_s=60)
+    cooldown.failed("p1")
+    orch, seen = orchestrator({"p1": "ok", "p2": "ok"}, cooldown=cooldown)
+    outcome = await orch.run(REQ, plan("p1", "p2"))
+    assert seen == ["p2"] and outcome.prefill_worker_id == "p2"
+    assert orch.accounting.requests("p2") == 0 and len(orch.accounting) == 0

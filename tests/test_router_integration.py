@@ -258,10 +258,10 @@ async def test_events_end_in_flight_entries_whichever_plugin_instance_litellm_ke
         for _ in range(3):
             await chat(stack)
         for _ in range(50):
-            if stack.controller.load.count("d1") == 0:
+            if stack.controller.accounting.requests("d1") == 0:
                 break
             await asyncio.sleep(0.05)
-        assert stack.controller.load.count("d1") == 0
+        assert stack.controller.accounting.requests("d1") == 0
     finally:
         litellm.callbacks.remove(other)
 
@@ -278,6 +278,6 @@ async def test_a_stream_ends_its_in_flight_entry_at_its_last_chunk(stack, monkey
     stream = await chat(stack, stream=True)
     seen_during = []
     async for _chunk in stream:
-        seen_during.append(stack.controller.load.count("d1"))
+        seen_during.append(stack.controller.accounting.requests("d1"))
     assert seen_during[0] == 1  # in flight while it streams
-    assert stack.controller.load.count("d1") == 0  # ended with the stream, no event needed
+    assert stack.controller.accounting.requests("d1") == 0  # ended with the stream, no event needed

@@ -1,11 +1,8 @@
-"""Pickers, the in-flight tracker, the pool and the deployment reconciliation, as units."""
+"""The pool and the deployment reconciliation, as units (the selection pipeline: tests/routing/)."""
 
 import litellm
-import pytest
 
 from litellm_disagg.routing import deployments
-from litellm_disagg.routing.load import InflightTracker
-from litellm_disagg.routing.picker import LeastInflightPicker, RoundRobinPicker, make_picker
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.runtime_config import RuntimeConfig
 
@@ -22,38 +19,6 @@ def test_pool_candidates_by_role_state_and_model():
     assert [x.worker_id for x in pool.prefill_candidates("tiny", exclude=["b1"])] == ["p1"]
     assert [x.worker_id for x in pool.decode_candidates("tiny")] == ["b1", "d1"]
     assert pool.get("d2").model == "other" and pool.get("nope") is None
-
-
-def test_least_inflight_prefers_idle_and_rotates_ties():
-    load = InflightTracker()
-    a, b, c = w("a"), w("b"), w("c")
-    picker = LeastInflightPicker()
-    load.start("r1", "a")
-    picks = [picker.pick([a, b, c], load).worker_id for _ in range(4)]
-    assert "a" not in picks and set(picks) == {"b", "c"}
-    load.finish("r1")
-    assert picker.pick([], load) is None
-
-
-def test_round_robin_cycles():
-    picker = RoundRobinPicker()
-    ws = [w("a"), w("b")]
-    assert [picker.pick(ws, InflightTracker()).worker_id for _ in range(4)] == ["a", "b", "a", "b"]
-    with pytest.raises(ValueError):
-        make_picker("nope")
-
-
-def test_inflight_entries_expire_and_replace():
-    load = InflightTracker(max_age_s=0.0)
-    load.start("k", "a")
-    assert load.count("a") == 0  # expired at once
-    load = InflightTracker()
-    load.start("k", "a")
-    load.start("k", "b")  # the same key moved: counted once, on b
-    assert (load.count("a"), load.count("b")) == (0, 1)
-    load.finish("k")
-    load.finish("k")
-    assert load.count("b") == 0
 
 
 def test_reconcile_adds_updates_and_removes_only_its_own_deployments():

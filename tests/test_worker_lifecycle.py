@@ -12,12 +12,12 @@ from collections.abc import Iterable
 import pytest
 
 from litellm_disagg.discovery.registry import RegistryError
-from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
+from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole
 from litellm_disagg.workers.lifecycle import DrainOutcome, DrainPolicy, EngineActivity, WorkerLifecycle
 
 CONFIG = RuntimeConfig(
-    worker_id="w1", model="m", role=WorkerRole.DECODE, base_url="http://127.0.0.1:8000/v1", nixl_host="127.0.0.1",
-    nixl_port=5600, kv_capacity_blocks=100, block_size=16,
+    worker_id="w1", model="m", role=WorkerRole.DECODE, base_url="http://127.0.0.1:8000/v1",
+    transfer=VllmNixlTransfer(host="127.0.0.1", port=5600), kv_capacity_blocks=100, block_size=16,
 )
 
 

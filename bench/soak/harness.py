@@ -204,7 +204,7 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
                         assert victim.engine is not None  # a live worker has its engine
                         scheduler = victim.engine.scheduler
                         # On it: what its engine holds, or what the router has sent it (some still in transit).
-                        busy = max(scheduler.num_running + scheduler.num_waiting, controller.load.count(victim.worker_id))
+                        busy = max(scheduler.num_running + scheduler.num_waiting, controller.accounting.requests(victim.worker_id))
                         if role is WorkerRole.DECODE:
                             report.cut_by_crashes += busy
                         await cluster.crash(victim.worker_id)

@@ -1,7 +1,7 @@
 """The controller: one per LiteLLM router. It wires discovery to routing and keeps both in step.
 
     registry.watch() -> WorkerPool snapshot -> router deployments (reconcile)
-                                       \\-> strategy (picker -> orchestrator -> prefill) on each request
+                                       \\-> strategy (route planner -> orchestrator -> prefill) on each request
 
 It runs two background loops: the discovery watch (rebuilds the pool on every change) and a keeper that, every
 ``sync_interval_s``, re-installs the strategy if LiteLLM reset it and re-applies the deployments if something else
@@ -13,18 +13,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import Any
+import random
+from typing import TYPE_CHECKING, Any
 
-from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.routing import deployments
-from litellm_disagg.routing.kv.router import KVRouter
-from litellm_disagg.routing.load import FailureCooldown, InflightTracker
+from litellm_disagg.routing.accounting import Accounting, FlightKey
+from litellm_disagg.routing.cooldown import FailureCooldown
 from litellm_disagg.routing.orchestrator import Orchestrator
-from litellm_disagg.routing.picker import make_picker
+from litellm_disagg.routing.pipeline.pipeline import Pipeline
+from litellm_disagg.routing.pipeline.profile import PICKER_PROFILES
+from litellm_disagg.routing.pipeline.providers import ContextProvider, LoadProvider
 from litellm_disagg.routing.pool import WorkerPool
-from litellm_disagg.routing.strategy import DECODE_KEY_PREFIX, DisaggRoutingStrategy
+from litellm_disagg.routing.route_plan import RoutePlanner
+from litellm_disagg.routing.strategy import DisaggRoutingStrategy
 from litellm_disagg.settings import DisaggSettings
 from litellm_disagg.transfer.prefill import PrefillClient
+from litellm_disagg.discovery.registry import Registry
+
+if TYPE_CHECKING:
+    from litellm_disagg.routing.kv.router import KVRouter
 
 logger = logging.getLogger(__name__)
 
@@ -35,28 +42,42 @@ class DisaggController:
         self.settings = settings
         self.registry = registry
         self.pool = WorkerPool()
-        self.load = InflightTracker()
+        kv_settings = settings.kv_routing
+        self.accounting = Accounting(max_age_s=kv_settings.load.inflight_max_age_s)
         self.cooldown = FailureCooldown(cooldown_s=settings.failure_cooldown_s)
         self.prefill_client = PrefillClient(
             timeout_s=settings.prefill_timeout_s, connect_timeout_s=settings.prefill_connect_timeout_s
         )
         self.orchestrator = Orchestrator(
             prefill_client=self.prefill_client,
-            picker=make_picker(settings.picker),
-            load=self.load,
+            accounting=self.accounting,
+            cooldown=self.cooldown,
             max_attempts=settings.max_prefill_attempts,
             aggregated_fallback=settings.aggregated_fallback,
+        )
+        self.kv: KVRouter | None = None
+        provider: ContextProvider
+        if kv_settings.enabled:
+            from litellm_disagg.routing.kv.router import KVRouter  # ZMQ and tokenizers only when KV routing is on
+
+            self.kv = provider = KVRouter(kv_settings, accounting=self.accounting)
+            prefill_profile, decode_profile = kv_settings.prefill, kv_settings.decode
+        else:
+            provider = LoadProvider(self.accounting)
+            prefill_profile = decode_profile = PICKER_PROFILES[settings.picker]()
+        rng = random.Random(kv_settings.seed)
+        self.planner = RoutePlanner(
+            provider=provider,
+            decode=Pipeline(decode_profile, rng=rng),
+            prefill=Pipeline(prefill_profile, rng=rng),
             cooldown=self.cooldown,
         )
-        self.kv = KVRouter(settings.kv_routing, inflight=self.load) if settings.kv_routing.enabled else None
         self.strategy = DisaggRoutingStrategy(
             router=router,
             pool=lambda: self.pool,
-            picker=make_picker(settings.picker),
+            planner=self.planner,
             orchestrator=self.orchestrator,
-            load=self.load,
-            cooldown=self.cooldown,
-            kv=self.kv,
+            accounting=self.accounting,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.pool_changed = asyncio.Event()
@@ -87,9 +108,7 @@ class DisaggController:
     def finished(self, call_id: str, *, worker_id: str | None = None, failed: bool = False) -> None:
         """A decode call on ``worker_id`` (when known) ended: LiteLLM's success or failure event. A worker whose call
         failed for the worker's own reasons cools down."""
-        ended_on = self.load.finish(DECODE_KEY_PREFIX + call_id, worker_id)
-        if self.kv is not None and ended_on is not None:
-            self.kv.tokens.finish(DECODE_KEY_PREFIX + call_id)
+        ended_on = self.accounting.finish(FlightKey.decode(call_id), worker_id)
         failed_worker = worker_id or ended_on
         if failed and failed_worker is not None and self.pool.get(failed_worker) is not None:
             self.cooldown.failed(failed_worker)
@@ -98,11 +117,10 @@ class DisaggController:
         """A chunk of a streaming decode call reached the proxy: the prompt is computed (its prefill tokens stop
         counting as queued on the worker); with ``last`` (the chunk with a finish reason) the call is over for the
         worker, before LiteLLM's success event (a background task) says so."""
-        key = DECODE_KEY_PREFIX + call_id
         if last:
             self.finished(call_id)
-        elif self.kv is not None:
-            self.kv.tokens.prefill_done(key)
+        else:
+            self.accounting.prefill_done(FlightKey.decode(call_id))
 
     def apply(self, pool: WorkerPool) -> None:
         self.pool = pool

@@ -13,6 +13,7 @@ from typing import Any
 
 from litellm.types.router import Deployment
 
+from litellm_disagg.engines import engine_for
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.runtime_config import RuntimeConfig
 
@@ -39,7 +40,7 @@ def deployment_for(worker: RuntimeConfig, model_group: str) -> dict[str, Any]:
     return {
         "model_name": model_group,
         "litellm_params": {
-            "model": f"hosted_vllm/{worker.model}",
+            "model": f"{engine_for(worker).adapter.provider_prefix}/{worker.model}",
             "api_base": worker.base_url,
             "api_key": "none",
         },

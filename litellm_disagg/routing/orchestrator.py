@@ -1,29 +1,35 @@
-"""Orchestration of one request: pick a prefill worker, run the prefill, return what the decode call needs.
+"""Orchestration: walk one request's ``RoutePlan``: run the prefill with failover, or serve aggregated.
+
+It chooses nothing: the plan's ``prefill_order`` is tried in order (skipping a worker that went into failure cooldown
+since, unless only such workers remain) and its engine's transfer protocol builds the prefill request, parses the
+answer into a typed handle and gives the fields the decode call carries.
 
 Failure policy:
 
 - prefill 4xx: the request itself is bad; ``PrefillRejected`` propagates so the client gets the error as is;
-- prefill 5xx, timeout, connection error, unusable response: the next prefill worker, up to ``max_attempts``;
-- nothing left: aggregated (the decode worker computes the prompt itself), counted, unless that is turned off.
+- prefill 429, 5xx, timeout, connection error, unusable response: the next prefill worker, up to ``max_attempts``;
+- nothing left: aggregated (the decode worker computes the prompt itself), counted, unless that is turned off
+  (``NoPrefillAvailable``).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from prometheus_client import Counter
 
-from litellm_disagg.routing.load import FailureCooldown, InflightTracker
-from litellm_disagg.routing.picker import Picker
-from litellm_disagg.routing.pool import WorkerPool
+from litellm_disagg.engines import engine_for
+from litellm_disagg.engines.base import TransferHandle
+from litellm_disagg.routing.accounting import Accounting, FlightKey
+from litellm_disagg.routing.cooldown import FailureCooldown
 from litellm_disagg.routing.request import DisaggRequest
+from litellm_disagg.routing.route_plan import RoutePlan
 from litellm_disagg.runtime_config import RuntimeConfig
 from litellm_disagg.transfer.prefill import PrefillClient, PrefillUnavailable
-from litellm_disagg.transfer.vllm import KVTransferParams, build_prefill_body
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +47,15 @@ class NoPrefillAvailable(Exception):
 
 
 @dataclass(frozen=True)
-class DecodePlan:
+class Outcome:
+    """What the plan came to: the decode call's mode and the fields it must carry."""
+
     mode: Mode
     decode: RuntimeConfig
     prefill_worker_id: str | None = None
-    transfer: KVTransferParams | None = None
+    transfer: TransferHandle | None = None
+    decode_fields: dict[str, Any] = field(default_factory=dict)
+    """Keys to merge into LiteLLM's request for the decode call (vLLM: ``kv_transfer_params``)."""
     reason: str = ""
     prefill_seconds: float | None = None
 
@@ -55,77 +65,65 @@ class Orchestrator:
         self,
         *,
         prefill_client: PrefillClient,
-        picker: Picker,
-        load: InflightTracker,
+        accounting: Accounting,
+        cooldown: FailureCooldown,
         max_attempts: int = 2,
         aggregated_fallback: bool = True,
-        cooldown: FailureCooldown | None = None,
     ):
         self.prefill_client = prefill_client
-        self.picker = picker
-        self.load = load
+        self.accounting = accounting
+        self.cooldown = cooldown
         self.max_attempts = max_attempts
         self.aggregated_fallback = aggregated_fallback
-        self.cooldown = cooldown or FailureCooldown()
 
-    async def plan(
-        self,
-        pool: WorkerPool,
-        request: DisaggRequest,
-        decode: RuntimeConfig,
-        *,
-        prefill_order: Sequence[RuntimeConfig] | None = None,
-        local_reason: str | None = None,
-    ) -> DecodePlan:
-        """``prefill_order``: prefill workers to try, best first (default: the picker's choice each attempt).
-        ``local_reason``: prefill locally by choice (conditional disaggregation decided so), not as a fallback."""
-        if not request.splittable:
-            return self._aggregated(decode, "request has several prompts or completions")
-        if local_reason is not None:
+    async def run(self, request: DisaggRequest, plan: RoutePlan) -> Outcome:
+        decode = plan.decode
+        if plan.local_reason is not None:
             ROUTED.labels(decode.model, Mode.AGGREGATED.value).inc()
-            logger.debug("prefilling locally on %s: %s", decode.worker_id, local_reason)
-            return DecodePlan(Mode.AGGREGATED, decode, reason=local_reason)
-        ranked = list(prefill_order) if prefill_order is not None else None
-        tried: list[str] = [decode.worker_id]  # a worker never prefills for itself: that is just aggregated serving
+            logger.debug("prefilling locally on %s: %s", decode.worker_id, plan.local_reason)
+            return Outcome(Mode.AGGREGATED, decode, reason=plan.local_reason)
+        remaining = list(plan.prefill_order)
         reason = "no prefill worker available"
         for _ in range(self.max_attempts):
-            candidates = self.cooldown.prefer_healthy(pool.prefill_candidates(decode.model, exclude=tried))
-            if ranked is not None:
-                allowed = {c.worker_id for c in candidates}
-                prefill = next((w for w in ranked if w.worker_id in allowed), None)
-            else:
-                prefill = self.picker.pick(candidates, self.load)
-            if prefill is None:
+            healthy = self.cooldown.prefer_healthy(remaining)
+            if not healthy:
                 break
-            tried.append(prefill.worker_id)
-            body = build_prefill_body(request.endpoint, prefill.model, request.fields)
-            key = f"{request.request_id}:prefill"
-            self.load.start(key, prefill.worker_id)
-            started = time.monotonic()
+            prefill = healthy[0]
+            remaining.remove(prefill)
             try:
-                transfer = await self.prefill_client.prefill(
-                    worker_id=prefill.worker_id,
-                    base_url=prefill.base_url,
-                    endpoint=request.endpoint,
-                    body=body,
-                    request_id=request.request_id,
-                )
+                return await self._prefill(request, plan, prefill)
             except PrefillUnavailable as exc:
                 PREFILL_FAILURES.labels(prefill.worker_id).inc()
                 self.cooldown.failed(prefill.worker_id)
                 logger.warning("request %s: %s; trying elsewhere", request.request_id, exc)
                 reason = str(exc)
-                continue
-            finally:
-                self.load.finish(key)
-            ROUTED.labels(decode.model, Mode.DISAGGREGATED.value).inc()
-            return DecodePlan(Mode.DISAGGREGATED, decode, prefill.worker_id, transfer,
-                              prefill_seconds=time.monotonic() - started)
         if not self.aggregated_fallback:
             raise NoPrefillAvailable(reason)
-        return self._aggregated(decode, reason)
-
-    def _aggregated(self, decode: RuntimeConfig, reason: str) -> DecodePlan:
         ROUTED.labels(decode.model, Mode.AGGREGATED.value).inc()
         logger.warning("serving aggregated on %s: %s", decode.worker_id, reason)
-        return DecodePlan(Mode.AGGREGATED, decode, reason=reason)
+        return Outcome(Mode.AGGREGATED, decode, reason=reason)
+
+    async def _prefill(self, request: DisaggRequest, plan: RoutePlan, prefill: RuntimeConfig) -> Outcome:
+        protocol = engine_for(prefill).transfer
+        body = protocol.prefill_body(
+            request.endpoint, prefill.model, request.fields, prefill=prefill, decode=plan.decode
+        )
+        key = FlightKey.prefill(request.request_id)
+        self.accounting.start(key, prefill.worker_id, prefill_tokens=plan.prefill_tokens_on(prefill.worker_id))
+        started = time.monotonic()
+        try:
+            handle = await self.prefill_client.prefill(
+                worker=prefill, protocol=protocol, endpoint=request.endpoint, body=body, request_id=request.request_id
+            )
+        finally:
+            self.accounting.finish(key)
+        ROUTED.labels(plan.decode.model, Mode.DISAGGREGATED.value).inc()
+        return Outcome(
+            Mode.DISAGGREGATED,
+            plan.decode,
+            prefill.worker_id,
+            handle,
+            protocol.decode_fields(handle),
+            reason=plan.reason,
+            prefill_seconds=time.monotonic() - started,
+        )

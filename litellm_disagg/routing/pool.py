@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from litellm_disagg.runtime_config import RuntimeConfig
+from litellm_disagg.routing.pipeline import filters
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,16 @@ class WorkerPool:
     def get(self, worker_id: str) -> RuntimeConfig | None:
         return self._by_id.get(worker_id)
 
+    def for_model(self, model: str) -> list[RuntimeConfig]:
+        """Every worker serving ``model`` (served model name), whatever its role and state."""
+        return [w for w in self.workers if w.model == model]
+
     def prefill_candidates(self, model: str, *, exclude: Iterable[str] = ()) -> list[RuntimeConfig]:
-        """Ready workers that can prefill for ``model`` (served model name), minus ``exclude``d ids."""
-        skip = set(exclude)
-        return [w for w in self.workers if w.model == model and w.routable and w.role.can_prefill and w.worker_id not in skip]
+        """Ready workers that can prefill for ``model``, minus ``exclude``d ids (the pipeline's filters)."""
+        return filters.apply(
+            (filters.routable, filters.role(WorkerRole.PREFILL), filters.excluded(set(exclude))), self.for_model(model)
+        )
 
     def decode_candidates(self, model: str) -> list[RuntimeConfig]:
-        return [w for w in self.workers if w.model == model and w.routable and w.role.can_decode]
+        """Ready workers that can decode for ``model`` (the pipeline's filters)."""
+        return filters.apply((filters.routable, filters.role(WorkerRole.DECODE)), self.for_model(model))

@@ -10,19 +10,19 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from litellm_disagg.transfer.vllm import Endpoint
+from litellm_disagg.engines import client_transfer_keys
+from litellm_disagg.engines.base import Endpoint
 
-TRANSFER_KEYS = ("kv_transfer_params",)
 CALL_TYPE_KEY = "litellm_disagg_call_type"
 """Key in the request's metadata where the proxy hook records the call type (chat or text completion)."""
 
-_TEXT_COMPLETION_CALL_TYPES = {"text_completion", "atext_completion"}
+_TEXT_COMPLETION_CALL_TYPES = frozenset({"text_completion", "atext_completion"})
 
 
 def strip_transfer_params(data: dict[str, Any]) -> list[str]:
     """Remove client-supplied transfer metadata from a request dict in place; returns where any was found."""
     found: list[str] = []
-    for key in TRANSFER_KEYS:
+    for key in sorted(client_transfer_keys()):
         if data.pop(key, None) is not None:
             found.append(key)
         extra_body = data.get("extra_body")

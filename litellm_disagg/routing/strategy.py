@@ -1,7 +1,9 @@
-"""The LiteLLM adapter: a ``CustomRoutingStrategyBase`` that runs the prefill and picks the decode deployment.
+"""The LiteLLM adapter: a ``CustomRoutingStrategyBase`` that runs a request's plan and returns its decode deployment.
 
-It only translates between LiteLLM's call and our pipeline (pool snapshot -> picker -> orchestrator); the decisions
-live in those modules. Model groups that litellm-disagg does not manage are handed back to LiteLLM's own strategy.
+It only translates between LiteLLM's call and our pipeline: LiteLLM's healthy deployments -> the route planner
+(``route_plan.py``) -> accounting -> the orchestrator (``orchestrator.py``) -> the decode fields and headers in
+LiteLLM's ``request_kwargs``. Model groups that litellm-disagg does not manage are handed back to LiteLLM's own
+strategy.
 """
 
 from __future__ import annotations
@@ -14,20 +16,16 @@ from typing import Any
 
 from litellm.types.router import CustomRoutingStrategyBase
 
-from litellm_disagg.routing import kv_choice
+from litellm_disagg.routing.accounting import Accounting, FlightKey
 from litellm_disagg.routing.deployments import worker_id_of
 from litellm_disagg.routing.errors import client_error, unavailable
-from litellm_disagg.routing.kv.router import KVRouter
-from litellm_disagg.routing.load import FailureCooldown, InflightTracker
-from litellm_disagg.routing.orchestrator import Mode, NoPrefillAvailable, Orchestrator
-from litellm_disagg.routing.picker import Picker
+from litellm_disagg.routing.orchestrator import NoPrefillAvailable, Orchestrator
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.request import DisaggRequest, strip_transfer_params
+from litellm_disagg.routing.route_plan import NoDecodeWorker, RoutePlanner
 from litellm_disagg.transfer.prefill import PrefillRejected
 
 logger = logging.getLogger(__name__)
-
-DECODE_KEY_PREFIX = "decode:"
 
 
 class DisaggRoutingStrategy(CustomRoutingStrategyBase):
@@ -36,19 +34,15 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         *,
         router: Any,
         pool: Callable[[], WorkerPool],
-        picker: Picker,
+        planner: RoutePlanner,
         orchestrator: Orchestrator,
-        load: InflightTracker,
-        cooldown: FailureCooldown,
-        kv: KVRouter | None = None,
+        accounting: Accounting,
     ):
         self._router = router
-        self._cooldown = cooldown
-        self._kv = kv
         self._pool = pool
-        self._picker = picker
+        self._planner = planner
         self._orchestrator = orchestrator
-        self._load = load
+        self._accounting = accounting
 
     # -- installation ------------------------------------------------------------------------------------------------
 
@@ -105,57 +99,44 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
                 request_kwargs=request_kwargs,
             )
         pool = self._pool()
-        candidates = [w for wid in ours if (w := pool.get(wid)) is not None and w.routable and w.role.can_decode]
+        candidates = [w for wid in ours if (w := pool.get(wid)) is not None]
         request = DisaggRequest.from_router_call(messages=messages, request_kwargs=request_kwargs)
-        candidates = self._cooldown.prefer_healthy(candidates)
         chose_at = time.perf_counter()
-        choice = await kv_choice.choose(self._kv, pool, request, candidates) if self._kv is not None and candidates else None
-        choice_ms = (time.perf_counter() - chose_at) * 1e3
-        decode = choice.decode if choice is not None else self._picker.pick(candidates, self._load)
-        if decode is None:
-            raise unavailable(f"no ready decode worker for model {model!r}", model)
-
+        try:
+            plan = await self._planner.plan(request, pool, candidates)
+        except NoDecodeWorker:
+            raise unavailable(f"no ready decode worker for model {model!r}", model) from None
+        decode = plan.decode
         # Counted in flight from the moment it is chosen (not after the prefill), so that requests selected
         # concurrently while prefills run see each other. LiteLLM keeps a call id it is given (else it makes one
         # after selection, too late for us): the success and failure events find this entry by it.
         call_id = request_kwargs.setdefault("litellm_call_id", str(uuid.uuid4()))
-        key = DECODE_KEY_PREFIX + call_id
-        self._load.start(key, decode.worker_id)
-        if choice is not None and self._kv is not None:
-            kv_choice.started(self._kv, choice, key)
-            if logger.isEnabledFor(logging.DEBUG):
-                logger.debug("request %s: chosen in %.1f ms: %s", request.request_id, choice_ms, choice.explain())
-        try:
-            plan = await self._orchestrator.plan(
-                pool,
-                request,
-                decode,
-                prefill_order=choice.prefill_order if choice is not None else None,
-                local_reason=choice.local_reason if choice is not None else None,
+        key = FlightKey.decode(call_id)
+        self._accounting.start(
+            key, decode.worker_id, prefill_tokens=plan.local_prefill_tokens, decode_blocks=plan.decode_blocks
+        )
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "request %s: chosen in %.1f ms: %s",
+                request.request_id, (time.perf_counter() - chose_at) * 1e3, plan.explain(),
             )
+        try:
+            outcome = await self._orchestrator.run(request, plan)
         except PrefillRejected as exc:
-            self._finish(key)
+            self._accounting.finish(key)
             raise client_error(exc, model) from exc
         except NoPrefillAvailable as exc:
-            self._finish(key)
+            self._accounting.finish(key)
             raise unavailable(f"no prefill worker could serve model {model!r}: {exc}", model) from exc
         except BaseException:
-            self._finish(key)
+            self._accounting.finish(key)
             raise
-        if choice is not None and self._kv is not None:
-            kv_choice.planned(self._kv, choice, plan)
-
-        if plan.mode is Mode.DISAGGREGATED and plan.transfer is not None:
-            request_kwargs["kv_transfer_params"] = plan.transfer.for_decode()
+        self._planner.observe(plan, outcome.prefill_worker_id, outcome.prefill_seconds)
+        request_kwargs.update(outcome.decode_fields)
         headers = dict(request_kwargs.get("extra_headers") or {})
         headers["X-Request-Id"] = request.request_id
         request_kwargs["extra_headers"] = headers
         return ours[decode.worker_id]
-
-    def _finish(self, key: str) -> None:
-        self._load.finish(key)
-        if self._kv is not None:
-            self._kv.tokens.finish(key)
 
     def _own_deployments(self, model: str) -> list[dict[str, Any]]:
         model_list = self._router.get_model_list(model_name=model) or []

@@ -108,12 +108,3 @@ def test_client_transfer_keys_cover_every_engine():
     keys = client_transfer_keys()
     assert isinstance(keys, frozenset) and keys == {"kv_transfer_params"}
     assert all(set(engine.transfer.client_keys) <= keys for engine in ENGINES.values())
-
-
-def test_the_old_transfer_vllm_module_re_exports_the_same_objects():
-    from litellm_disagg.engines.vllm import transfer
-    from litellm_disagg.transfer import vllm as old
-
-    assert old.Endpoint is Endpoint and old.KVTransferParams is KVTransferParams
-    assert old.build_prefill_body is transfer.build_prefill_body
-    assert set(old.TRANSFER_KEYS) == client_transfer_keys()

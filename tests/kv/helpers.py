@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from litellm_disagg.routing.kv.load_scraper import ScrapedLoad
-from litellm_disagg.routing.kv.worker_load import WorkerLoad
-from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
+from litellm_disagg.routing.pipeline.context import WorkerLoad
+from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState
 
 
 def worker(
@@ -23,8 +23,7 @@ def worker(
         model=model,
         role=role,
         base_url=f"http://127.0.0.1:{port}/v1",
-        nixl_host="127.0.0.1",
-        nixl_port=5600,
+        transfer=VllmNixlTransfer(host="127.0.0.1", port=5600),
         kv_capacity_blocks=capacity,
         block_size=block_size,
         kv_events_endpoint=events,

@@ -7,6 +7,7 @@ import random
 import pytest
 import zmq.asyncio
 
+from litellm_disagg.engines.vllm import VLLM
 from litellm_disagg.routing.kv.block_hash import chain_hashes
 from litellm_disagg.routing.kv.event_applier import EventApplier
 from litellm_disagg.routing.kv.event_subscriber import BadEndpoint, KVEventSubscriber, check_endpoint
@@ -41,7 +42,7 @@ def make(index: PrefixIndex, endpoint: str, ctx: zmq.asyncio.Context, **kw: obje
     index.add_worker("w", capacity_blocks=10_000)
     applier = EventApplier("w", index, block_size=BS, capacity_blocks=10_000)
     return KVEventSubscriber(
-        endpoint, applier, context=ctx, reconnect_interval_s=0.02, reconnect_interval_max_s=0.1, **kw
+        endpoint, applier, decode=VLLM.adapter.decode_kv_events, context=ctx, reconnect_interval_s=0.02, reconnect_interval_max_s=0.1, **kw
     )  # type: ignore[arg-type]
 
 

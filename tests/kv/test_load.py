@@ -1,4 +1,5 @@
-"""Load collection: /metrics parsing and scraping (stub HTTP), the router's token counts, WorkerLoad snapshots."""
+"""Load collection: /metrics parsing and scraping (stub HTTP), the router's accounting (requests, tokens, blocks),
+WorkerLoad snapshots."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import random
 import httpx
 import pytest
 
+from litellm_disagg.routing.accounting import Accounting, FlightKey
 from litellm_disagg.routing.kv.load_scraper import NOT_SCRAPED, LoadScraper, ScrapedLoad, parse_metrics
-from litellm_disagg.routing.kv.worker_load import TokenLoadTracker, WorkerLoad, collect_loads
-from litellm_disagg.routing.load import InflightTracker
+from litellm_disagg.routing.pipeline.context import WorkerLoad, collect_loads
 from tests.kv.helpers import worker
 from tests.kv.zmq_pub import until
 
@@ -104,22 +105,26 @@ async def test_scraper_task_runs_and_stops() -> None:
     assert pages.calls == calls
 
 
-def test_token_load_tracker() -> None:
+def test_accounting_tracks_tokens_and_blocks() -> None:
     clock = Clock()
-    tracker = TokenLoadTracker(max_age_s=60, clock=clock)
-    tracker.start("r1", "a", prefill_tokens=1000, decode_blocks=70)
-    tracker.start("r2", "a", prefill_tokens=500)
-    tracker.start("r3", "b", decode_blocks=10)
+    tracker = Accounting(max_age_s=60, clock=clock)
+    r1, r2, r3 = FlightKey.decode("r1"), FlightKey.decode("r2"), FlightKey.decode("r3")
+    tracker.start(r1, "a", prefill_tokens=1000, decode_blocks=70)
+    tracker.start(r2, "a", prefill_tokens=500)
+    tracker.start(r3, "b", decode_blocks=10)
     assert (tracker.prefill_tokens("a"), tracker.decode_blocks("a")) == (1500, 70)
-    tracker.prefill_done("r1")
+    assert (tracker.requests("a"), tracker.requests("b")) == (2, 1)  # every entry is one request in flight
+    tracker.prefill_done(r1)
     assert (tracker.prefill_tokens("a"), tracker.decode_blocks("a")) == (500, 70)
-    tracker.start("r2", "b", prefill_tokens=5)  # a key moves
+    assert tracker.requests("a") == 2  # prefilled, still decoding
+    tracker.start(r2, "b", prefill_tokens=5)  # a key moves
     assert tracker.prefill_tokens("a") == 0 and tracker.prefill_tokens("b") == 5
-    tracker.finish("r1")
-    tracker.finish("unknown")
-    assert tracker.decode_blocks("a") == 0
+    assert (tracker.requests("a"), tracker.requests("b")) == (1, 2)
+    tracker.finish(r1)
+    tracker.finish(FlightKey.decode("unknown"))
+    assert tracker.decode_blocks("a") == 0 and tracker.requests("a") == 0
     clock.now += 61  # a lost completion cannot pin a worker
-    assert tracker.decode_blocks("b") == 0 and tracker.prefill_tokens("b") == 0
+    assert tracker.decode_blocks("b") == 0 and tracker.prefill_tokens("b") == 0 and tracker.requests("b") == 0
 
 
 @pytest.mark.parametrize(
@@ -144,12 +149,10 @@ def test_worker_load_combines_router_and_engine_views(
 
 
 def test_collect_loads() -> None:
-    inflight = InflightTracker()
-    inflight.start("x", "a")
-    tokens = TokenLoadTracker()
-    tokens.start("x", "a", prefill_tokens=64, decode_blocks=4)
+    accounting = Accounting()
+    accounting.start(FlightKey.decode("x"), "a", prefill_tokens=64, decode_blocks=4)
     scraped = {"b": ScrapedLoad(running=2, stale=False)}
-    loads = collect_loads([worker("a", capacity=50), worker("b")], inflight=inflight, tokens=tokens, scraped=scraped)
+    loads = collect_loads([worker("a", capacity=50), worker("b")], accounting=accounting, scraped=scraped)
     assert loads["a"] == WorkerLoad("a", 50, 1, 64, 4)
     assert loads["b"].active_requests == 2.0
     assert collect_loads([worker("a")])["a"] == WorkerLoad("a", 1000)
@@ -181,20 +184,22 @@ def test_worker_load_views_equal_their_max_definition() -> None:
         assert repr(got) == repr(reference_views(load)), load
 
 
-def reference_collect_loads(candidates, *, inflight=None, tokens=None, scraped=None):  # type: ignore[no-untyped-def]
-    """``collect_loads`` as first written."""
+def reference_collect_loads(candidates, *, accounting=None, scraped=None):  # type: ignore[no-untyped-def]
+    """``collect_loads`` as first written (its in-flight count and its token counts, once two trackers, now read
+    from ``Accounting``'s per-worker accessors, each of which expires old entries first)."""
     if scraped is None:
         lookup = lambda _: NOT_SCRAPED  # noqa: E731
     elif isinstance(scraped, dict):
         lookup = lambda wid: scraped.get(wid, NOT_SCRAPED)  # noqa: E731
     else:
         lookup = scraped
-    if tokens is not None:
-        tokens.expire()
     out = {}
     for w in candidates:
-        prefill, decode = tokens.counts(w.worker_id) if tokens is not None else (0, 0)
-        count = inflight.count(w.worker_id) if inflight is not None else 0
+        if accounting is not None:
+            count = accounting.requests(w.worker_id)
+            prefill, decode = accounting.prefill_tokens(w.worker_id), accounting.decode_blocks(w.worker_id)
+        else:
+            count, prefill, decode = 0, 0, 0
         out[w.worker_id] = WorkerLoad(w.worker_id, w.kv_capacity_blocks, count, prefill, decode, lookup(w.worker_id))
     return out
 
@@ -202,21 +207,28 @@ def reference_collect_loads(candidates, *, inflight=None, tokens=None, scraped=N
 def test_collect_loads_equals_its_first_definition() -> None:
     rng = random.Random(1)
     workers = [worker(f"w{i}", capacity=rng.randrange(0, 500)) for i in range(40)]
-    inflight, tokens = InflightTracker(), TokenLoadTracker()
+    clock = Clock()
+    accounting = Accounting(max_age_s=60, clock=clock)
     for i in range(60):
         wid = rng.choice(workers).worker_id
-        inflight.start(f"r{i}", wid)
-        tokens.start(f"r{i}", wid, prefill_tokens=rng.randrange(0, 999), decode_blocks=rng.randrange(0, 99))
+        key = FlightKey.decode(f"r{i}") if i % 2 else FlightKey.prefill(f"r{i}")
+        if i % 5 == 0:  # a request without tokens or blocks: counted as a request only
+            accounting.start(key, wid)
+        else:
+            accounting.start(key, wid, prefill_tokens=rng.randrange(0, 999), decode_blocks=rng.randrange(0, 99))
+        clock.now += 1.0
+    # the oldest entries are past max_age_s at the first snapshot: collect_loads must expire them as the reads do
+    clock.now = 100.0 + 60 + 15.5
     scraped = {w.worker_id: ScrapedLoad(running=rng.randrange(5), stale=rng.random() < 0.5) for w in workers[::2]}
     for kwargs in (
         {},
-        {"inflight": inflight},
-        {"tokens": tokens},
+        {"accounting": accounting},
         {"scraped": scraped},
         {"scraped": lambda wid: scraped.get(wid, NOT_SCRAPED)},
-        {"inflight": inflight, "tokens": tokens, "scraped": scraped},
+        {"accounting": accounting, "scraped": scraped},
     ):
         got = collect_loads(workers, **kwargs)  # type: ignore[arg-type]
         expected = reference_collect_loads(workers, **kwargs)
         assert got == expected and list(got) == list(expected)
         assert all(type(v) is WorkerLoad for v in got.values())
+    assert len(accounting) == 60 - 16  # the entries started at 100..115 s expired, the others are counted

@@ -1,5 +1,6 @@
-"""KVRouter end to end in one process: discovery snapshots, real ZMQ event streams on 127.0.0.1, selection, the
-sibling race, AllBlocksCleared, a worker leaving, approximate mode, and the P/D decision."""
+"""KVRouter end to end in one process: discovery snapshots, real ZMQ event streams on 127.0.0.1, selection (the
+router's context through the profiles' pipelines), the sibling race, AllBlocksCleared, a worker leaving, approximate
+mode, and the P/D decision."""
 
 from __future__ import annotations
 
@@ -7,13 +8,17 @@ import random
 
 import pytest
 
+from litellm_disagg.engines.base import Endpoint
+from litellm_disagg.routing.accounting import FlightKey
 from litellm_disagg.routing.kv.block_hash import PromptBlocks
 from litellm_disagg.routing.kv.router import KVRouter
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
+from litellm_disagg.routing.pipeline.pipeline import Pipeline
+from litellm_disagg.routing.pipeline.profile import ProfileSettings
+from litellm_disagg.routing.pipeline.selection import Selection
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.request import DisaggRequest
-from litellm_disagg.runtime_config import WorkerRole
-from litellm_disagg.transfer.vllm import Endpoint
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
 from tests.kv import vllm_wire as wire
 from tests.kv.helpers import worker
 from tests.kv.zmq_pub import FakeEnginePublisher, joined, until
@@ -67,14 +72,31 @@ def prefill_candidates(workers: dict[str, object]) -> list:  # type: ignore[type
     return [workers["p1"], workers["p2"], workers["p3"]]
 
 
+def select(
+    router: KVRouter, profile: ProfileSettings, prompt: PromptBlocks | None, candidates: list[RuntimeConfig]
+) -> Selection:
+    """One pool's choice as the route planner makes it: the router's context, the profile's pipeline (its picker
+    seeded as the router's settings say)."""
+    pipeline = Pipeline(profile, rng=random.Random(router.settings.seed))
+    return pipeline.select(router.context(prompt, candidates), candidates)
+
+
+def select_prefill(router: KVRouter, prompt: PromptBlocks | None, candidates: list[RuntimeConfig]) -> Selection:
+    return select(router, router.settings.prefill, prompt, candidates)
+
+
+def select_decode(router: KVRouter, prompt: PromptBlocks | None, candidates: list[RuntimeConfig]) -> Selection:
+    return select(router, router.settings.decode, prompt, candidates)
+
+
 async def test_a_repeated_prefix_goes_to_the_worker_that_holds_it(cluster) -> None:  # type: ignore[no-untyped-def]
     router, pubs, workers = cluster
     system = toks(BS * 40, seed=1)
     pubs["p2"].send([wire.stored(engine_hashes(system, 2), None, system, BS)])
     await until(lambda: router.index.blocks("p2") == 40)
-    prompt = await router.prompt(request(system + toks(50, seed=2)), "m")
+    prompt = await router.prompt(request(system + toks(50, seed=2)), prefill_candidates(workers))
     assert prompt is not None and prompt.num_tokens == BS * 40 + 50
-    selection = router.select_prefill(prompt, prefill_candidates(workers))
+    selection = select_prefill(router, prompt, prefill_candidates(workers))
     assert selection.worker_id == "p2"
     assert selection.breakdown["p2"].cached_tokens == BS * 40
     assert selection.breakdown["p1"].cached_tokens == 0
@@ -85,14 +107,14 @@ async def test_a_repeated_prefix_goes_to_the_worker_that_holds_it(cluster) -> No
 async def test_sibling_requests_see_each_others_predictions(cluster) -> None:  # type: ignore[no-untyped-def]
     router, pubs, workers = cluster
     shared = toks(BS * 30, seed=3)
-    first = await router.prompt(request(shared + [1, 2, 3]), "m")
-    pick = router.select_prefill(first, prefill_candidates(workers))
+    first = await router.prompt(request(shared + [1, 2, 3]), prefill_candidates(workers))
+    pick = select_prefill(router, first, prefill_candidates(workers))
     router.routed(first, pick.worker)
     # the first request's prefill ran (its tokens no longer queue there) but its BlockStored has not arrived yet
-    router.tokens.start("first", pick.worker_id, prefill_tokens=first.num_tokens)
-    router.tokens.prefill_done("first")
-    second = await router.prompt(request(shared + [4, 5, 6]), "m")
-    sibling = router.select_prefill(second, prefill_candidates(workers))
+    router.accounting.start(FlightKey.prefill("first"), pick.worker_id, prefill_tokens=first.num_tokens)
+    router.accounting.prefill_done(FlightKey.prefill("first"))
+    second = await router.prompt(request(shared + [4, 5, 6]), prefill_candidates(workers))
+    sibling = select_prefill(router, second, prefill_candidates(workers))
     assert sibling.worker_id == pick.worker_id
     assert sibling.breakdown[pick.worker_id].cached_tokens == BS * 30
     # the worker's BlockStored replaces the prediction
@@ -133,12 +155,12 @@ async def test_a_restarted_worker_starts_from_an_empty_index(cluster) -> None:  
 async def test_decide_uses_both_selections(cluster) -> None:  # type: ignore[no-untyped-def]
     router, pubs, workers = cluster
     long_prompt = PromptBlocks(toks(8000, seed=7))
-    decode = router.select_decode(long_prompt, [workers["d1"]])
-    prefill = router.select_prefill(long_prompt, prefill_candidates(workers))
+    decode = select_decode(router, long_prompt, [workers["d1"]])
+    prefill = select_prefill(router, long_prompt, prefill_candidates(workers))
     assert router.decide(long_prompt, decode, prefill).remote
-    router.tokens.start("backlog", prefill.worker_id, prefill_tokens=2_000_000)
+    router.accounting.start(FlightKey.prefill("backlog"), prefill.worker_id, prefill_tokens=2_000_000)
     assert not router.decide(long_prompt, decode, prefill).remote
-    none = router.select_prefill(long_prompt, [])
+    none = select_prefill(router, long_prompt, [])
     assert router.decide(long_prompt, decode, none).reason == "no prefill worker"
 
 
@@ -149,13 +171,13 @@ async def test_without_tokens_selection_falls_back_to_load(cluster) -> None:  # 
             DisaggRequest(
                 endpoint=Endpoint.CHAT, fields={"messages": [{"role": "user", "content": "x"}]}, request_id="r"
             ),
-            "m",
+            [],
         )
         is None
-    )  # no model dir, no worker url
-    router.inflight.start("busy", "p1")
-    router.inflight.start("busy2", "p2")
-    selection = router.select_prefill(None, prefill_candidates(workers))
+    )  # no model dir, no worker to ask
+    router.accounting.start(FlightKey.decode("busy"), "p1")
+    router.accounting.start(FlightKey.decode("busy2"), "p2")
+    selection = select_prefill(router, None, prefill_candidates(workers))
     assert selection.worker_id == "p3"
 
 
@@ -170,7 +192,7 @@ async def test_approximate_mode_indexes_from_decisions() -> None:
         prompt = PromptBlocks(toks(BS * 10, seed=8))
         router.routed(prompt, b)
         assert router.index.blocks("b") == 10
-        assert router.select_prefill(prompt, [a, b]).worker_id == "b"
+        assert select_prefill(router, prompt, [a, b]).worker_id == "b"
     finally:
         await router.stop()
 

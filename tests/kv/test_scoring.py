@@ -1,4 +1,4 @@
-"""Scorers, the Dynamo-style cost, and the selection: weights, ties, temperature, breakdown."""
+"""Scorers, the Dynamo-style cost, and the selection pipeline: weights, ties, temperature, breakdown."""
 
 from __future__ import annotations
 
@@ -6,18 +6,16 @@ import random
 
 import pytest
 
-from litellm_disagg.routing.kv.scorers import (
+from litellm_disagg.routing.pipeline.context import ScoringContext, WorkerLoad, usable_cached_tokens
+from litellm_disagg.routing.pipeline.pipeline import Pipeline
+from litellm_disagg.routing.pipeline.profile import CostWeights, ProfileSettings
+from litellm_disagg.routing.pipeline.scorers import (
     KVCostScorer,
     KVFreeScorer,
     LoadScorer,
     PrefixOverlapScorer,
-    ScoringContext,
     kv_cost,
-    usable_cached_tokens,
 )
-from litellm_disagg.routing.kv.selection import Selector
-from litellm_disagg.routing.kv.settings import CostWeights, ProfileSettings
-from litellm_disagg.routing.kv.worker_load import WorkerLoad
 from tests.kv.helpers import load, worker
 
 A, B, C = worker("a"), worker("b"), worker("c")
@@ -123,36 +121,36 @@ def profile(weights: dict[str, float], temperature: float = 0.0, **cost: float) 
     ],
 )
 def test_selection(weights: dict[str, float], context: ScoringContext, allowed: set[str], how: str) -> None:
-    selection = Selector(profile(weights, decode=0.0, active=0.0), rng=random.Random(1)).select(context, [A, B, C])
+    selection = Pipeline(profile(weights, decode=0.0, active=0.0), rng=random.Random(1)).select(context, [A, B, C])
     assert (selection.how, selection.worker_id in allowed) == (how, True)
 
 
 def test_random_ties_spread_over_equal_workers() -> None:
-    selector = Selector(profile({"prefix_overlap": 1.0}), rng=random.Random(7))
-    picks = {selector.select(ctx(100), [A, B, C]).worker_id for _ in range(60)}
+    pipeline = Pipeline(profile({"prefix_overlap": 1.0}), rng=random.Random(7))
+    picks = {pipeline.select(ctx(100), [A, B, C]).worker_id for _ in range(60)}
     assert picks == {"a", "b", "c"}
 
 
 def test_seeded_selection_is_deterministic() -> None:
     def run(seed: int) -> list[str | None]:
-        selector = Selector(profile({"load": 1.0}, temperature=0.5), rng=random.Random(seed))
-        return [selector.select(ctx(100, {}, load("a", inflight=i % 3)), [A, B, C]).worker_id for i in range(30)]
+        pipeline = Pipeline(profile({"load": 1.0}, temperature=0.5), rng=random.Random(seed))
+        return [pipeline.select(ctx(100, {}, load("a", inflight=i % 3)), [A, B, C]).worker_id for i in range(30)]
 
     assert run(3) == run(3)
 
 
 def test_temperature_samples_in_proportion() -> None:
-    selector = Selector(profile({"prefix_overlap": 1.0}, temperature=0.25), rng=random.Random(0))
+    pipeline = Pipeline(profile({"prefix_overlap": 1.0}, temperature=0.25), rng=random.Random(0))
     context = ctx(100, {"a": 100})  # totals a=1, b=c=0: a is e^4 ~ 55 times as likely as each other
-    picks = [selector.select(context, [A, B, C]).worker_id for _ in range(2000)]
+    picks = [pipeline.select(context, [A, B, C]).worker_id for _ in range(2000)]
     share = picks.count("a") / len(picks)
     assert 0.93 < share < 0.99
     assert {"b", "c"} <= set(picks)
 
 
 def test_breakdown_and_ranking() -> None:
-    selector = Selector(profile({"prefix_overlap": 2.0, "kv_cost": 1.0}), rng=random.Random(0))
-    selection = selector.select(ctx(1000, {"a": 500, "b": 992}, load("a", inflight=1)), [A, B, C])
+    pipeline = Pipeline(profile({"prefix_overlap": 2.0, "kv_cost": 1.0}), rng=random.Random(0))
+    selection = pipeline.select(ctx(1000, {"a": 500, "b": 992}, load("a", inflight=1)), [A, B, C])
     assert selection.worker_id == "b"
     b = selection.breakdown["b"]
     assert b.scores["prefix_overlap"] == pytest.approx(0.992)
@@ -163,9 +161,9 @@ def test_breakdown_and_ranking() -> None:
 
 
 def test_edge_cases() -> None:
-    selector = Selector(profile({"load": 1.0}))
-    assert selector.select(ctx(), []).worker is None
-    only = selector.select(ctx(), [A])
+    pipeline = Pipeline(profile({"load": 1.0}))
+    assert pipeline.select(ctx(), []).worker is None
+    only = pipeline.select(ctx(), [A])
     assert only.worker_id == "a" and only.how == "only"
 
 
@@ -176,9 +174,9 @@ def test_scores_are_clamped() -> None:
         def score(self, context: ScoringContext, candidates: list[object]) -> dict[str, float]:
             return {"a": 5.0, "b": -3.0, "c": float("nan")}
 
-    selector = Selector(profile({"load": 1.0}))
-    selector.scorers = [(Wild(), 1.0)]  # type: ignore[list-item]
-    selection = selector.select(ctx(), [A, B, C])
+    pipeline = Pipeline(profile({"load": 1.0}))
+    pipeline.scorers = [(Wild(), 1.0)]  # type: ignore[list-item]
+    selection = pipeline.select(ctx(), [A, B, C])
     assert {w: b.total for w, b in selection.breakdown.items()} == {"a": 1.0, "b": 0.0, "c": 0.0}
 
 
@@ -190,7 +188,8 @@ def test_a_profile_needs_a_positive_weight() -> None:
 
 
 def reference_select(profile: ProfileSettings, ctx: ScoringContext, candidates: list, rng: random.Random):  # type: ignore[no-untyped-def,type-arg]
-    """``Selector.select`` and the scorers as first written: (worker id, how, totals, scores, costs)."""
+    """``Pipeline.select`` (first written as ``Selector.select``) and the scorers as first written, with the
+    default ``least_loaded`` tie-break: (worker id, how, totals, scores, costs)."""
 
     def relative(costs: dict[str, float]) -> dict[str, float]:
         lowest = min(costs.values())
@@ -267,7 +266,7 @@ def test_selection_equals_its_first_definition() -> None:
         cached = {w.worker_id: rng.choice([0, 48, 4096, 9999]) for w in candidates[1::2]}
         context = ctx(prompt, cached, *loads)
         seed = rng.random()
-        got = Selector(profile, rng=random.Random(seed)).select(context, candidates)
+        got = Pipeline(profile, rng=random.Random(seed)).select(context, candidates)
         expected = reference_select(profile, context, candidates, random.Random(seed))
         scores = {name: {wid: b.scores[name] for wid, b in got.breakdown.items()} for name in got._scores}
         costs = None if got._costs is None else dict(got._costs)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pkgutil
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,23 +61,17 @@ def test_invalid_sections_are_refused(section: dict[str, object]) -> None:
         KVRoutingSettings.model_validate(section)
 
 
-def test_public_api_is_complete() -> None:
-    names = {n for n in dir(kv) if not n.startswith("_")}
-    modules = {
-        "block_hash",
-        "disagg_decision",
-        "event_applier",
-        "event_subscriber",
-        "kv_events",
-        "load_scraper",
-        "prefix_index",
-        "router",
-        "scorers",
-        "selection",
-        "settings",
-        "token_cache",
-        "tokenizer",
-        "worker_load",
-    }
-    assert set(kv.__all__) == names - modules
-    assert len(kv.__all__) == len(set(kv.__all__))
+def test_the_package_re_exports_nothing() -> None:
+    """``routing.kv`` has no public API of its own (import the submodule you need): every public name on it is one of
+    its submodules, and importing it alone loads none of them (so no ZMQ and no tokenizer)."""
+    submodules = {m.name for m in pkgutil.iter_modules(kv.__path__)}
+    assert {"router", "settings", "prefix_index"} <= submodules
+    assert not hasattr(kv, "__all__")
+    assert {n for n in dir(kv) if not n.startswith("_")} <= submodules
+    code = (
+        "import sys, litellm_disagg.routing.kv\n"
+        "print(sorted(m for m in sys.modules\n"
+        "             if m.startswith('litellm_disagg.routing.kv.') or m in ('zmq', 'transformers')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

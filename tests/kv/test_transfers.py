@@ -6,6 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from litellm_disagg.engines.base import Endpoint
+from litellm_disagg.engines.vllm.transfer import KVTransferParams, build_prefill_body
 from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, LinearEstimate, OnlineLinearFit
 from litellm_disagg.routing.kv.load_scraper import (
     LoadScraper,
@@ -21,7 +23,6 @@ from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.sim import SimCluster, SimSettings
 from litellm_disagg.sim.settings import EngineSettings
-from litellm_disagg.transfer.vllm import Endpoint, KVTransferParams, build_prefill_body
 from tests.kv.helpers import worker
 
 

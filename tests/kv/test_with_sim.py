@@ -3,18 +3,21 @@ vLLM's wire format from an engine's block pool, tokens from the worker's /tokeni
 
 from __future__ import annotations
 
+import random
+
 import httpx
 import pytest
 
+from litellm_disagg.engines.base import Endpoint
 from litellm_disagg.routing.kv.router import KVRouter
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
+from litellm_disagg.routing.pipeline.pipeline import Pipeline
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.request import DisaggRequest
 from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.sim import SimSettings
 from litellm_disagg.sim.settings import EngineSettings
 from litellm_disagg.sim.worker import SimWorker
-from litellm_disagg.transfer.vllm import Endpoint
 from tests.kv.zmq_pub import until
 
 SYSTEM = "You are a careful assistant. " + " ".join(f"rule{i} is to be followed at all times." for i in range(60))
@@ -67,13 +70,14 @@ async def test_routing_follows_the_cache_of_a_simulated_engine(sims) -> None:  #
         await warm()
     await send(client, a, chat("first question"))
     request = DisaggRequest(endpoint=Endpoint.CHAT, fields={"messages": chat("a different question")}, request_id="r")
-    prompt = await router.prompt(request, a.config.model, worker_url=b.server_url)  # type: ignore[union-attr]
+    prompt = await router.prompt(request, [b.config])  # type: ignore[list-item]  # tokens from b's /tokenize
     assert prompt is not None and prompt.num_tokens > 500
     system_blocks = (prompt.num_tokens - 10) // 16
     await until(lambda: router.index.overlap(prompt.hashes(16)).get("sim-kv-0", 0) >= system_blocks - 2)
 
     candidates = [a.config, b.config]
-    selection = router.select_prefill(prompt, candidates)  # type: ignore[arg-type]
+    pipeline = Pipeline(router.settings.prefill, rng=random.Random(router.settings.seed))
+    selection = pipeline.select(router.context(prompt, candidates), candidates)  # type: ignore[arg-type]
     assert selection.worker_id == "sim-kv-0"
     assert selection.breakdown["sim-kv-0"].cached_tokens >= (system_blocks - 2) * 16
     assert selection.breakdown["sim-kv-1"].cached_tokens == 0

@@ -39,6 +39,10 @@ from litellm_disagg.routing.kv.settings import DisaggDecisionSettings
 _MIN_SECONDS_PER_TOKEN = 1e-12
 
 
+NO_PREFILL_WORKER = "no prefill worker"
+"""The decision's reason when no prefill worker is available (a fallback, not a choice)."""
+
+
 @dataclass(frozen=True)
 class LinearEstimate:
     """``seconds = overhead_s + tokens / tokens_per_s``."""
@@ -193,7 +197,7 @@ class DisaggDecider:
         if s.mode == "never":
             return DisaggDecision(False, "mode never")
         if not inputs.prefill_available:
-            return DisaggDecision(False, "no prefill worker")
+            return DisaggDecision(False, NO_PREFILL_WORKER)
         if s.mode == "always":
             return DisaggDecision(True, "mode always")
         lacking_local = max(0, inputs.prompt_tokens - inputs.decode_cached_tokens)

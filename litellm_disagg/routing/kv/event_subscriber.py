@@ -17,12 +17,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable, Sequence
 
 import zmq
 import zmq.asyncio
 
-from litellm_disagg.engines.base import MalformedBatch
-from litellm_disagg.engines.vllm.kv_events import decode_message, parse_seq
+from litellm_disagg.engines.base import EventBatch, MalformedBatch
 from litellm_disagg.routing.kv.event_applier import EventApplier
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class KVEventSubscriber:
         endpoint: str,
         applier: EventApplier,
         *,
+        decode: Callable[[Sequence[bytes]], EventBatch],
         context: zmq.asyncio.Context,
         topic: str = "",
         rcvhwm: int = 100_000,
@@ -54,6 +55,8 @@ class KVEventSubscriber:
     ):
         self.endpoint = check_endpoint(endpoint)
         self.applier = applier
+        self.decode = decode
+        """The worker's engine's wire decoder (``EngineAdapter.decode_kv_events``)."""
         self.max_burst = max_burst
         self.messages = 0
         self.last_message_at: float | None = None
@@ -111,14 +114,10 @@ class KVEventSubscriber:
         self.messages += 1
         self.last_message_at = time.monotonic()
         try:
-            batch = decode_message(frames)
+            batch = self.decode(frames)
         except MalformedBatch as exc:
-            seq = None
-            if len(frames) == 3:
-                with contextlib.suppress(MalformedBatch):
-                    seq = parse_seq(frames[1])
             logger.warning("worker %s: undecodable KV event message: %s", self.worker_id, exc)
-            self.applier.lost(seq)
+            self.applier.lost(exc.seq)
             return
         try:
             self.applier.apply(batch)

@@ -252,7 +252,7 @@ class LoadScraper:
     ):
         """``on_transfers``: called (on the event loop, never with an exception escaping) with each worker's
         ``TransferSample``; ``transfer_carry_s``: how long a one-sided increase waits for its other side;
-        ``metrics``: the workers' engine's metric names."""
+        ``metrics``: the metric names of a worker whose engine ``set_targets`` does not name."""
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.stale_after_s = stale_after_s
@@ -264,14 +264,23 @@ class LoadScraper:
         self._task: asyncio.Task[None] | None = None
         self.on_transfers = on_transfers
         self._transfers = TransferDeltas(carry_s=transfer_carry_s)
-        self._names = _LoadNames.of(metrics)
+        self._default_names = _LoadNames.of(metrics)
+        self._names: dict[str, _LoadNames] = {}
+        """Per worker: the names its engine publishes (a pool may mix engines)."""
 
     # -- targets ------------------------------------------------------------------------------------------------------
 
-    def set_targets(self, targets: Mapping[str, str]) -> None:
-        """``{worker_id: server_url}`` (the worker's HTTP root; ``/metrics`` is appended). Departed workers' values
-        are dropped; a worker whose URL changed starts a new transfer baseline."""
+    def set_targets(self, targets: Mapping[str, str], metrics: Mapping[str, MetricNames] | None = None) -> None:
+        """``{worker_id: server_url}`` (the worker's HTTP root; ``/metrics`` is appended) and, per worker, its
+        engine's metric names (default: the constructor's). Departed workers' values are dropped; a worker whose URL
+        changed starts a new transfer baseline."""
         previous, self._targets = self._targets, dict(targets)
+        known: dict[MetricNames, _LoadNames] = {}
+        self._names = {}
+        for worker_id, names in (metrics or {}).items():
+            if names not in known:
+                known[names] = _LoadNames.of(names)
+            self._names[worker_id] = known[names]
         for gone in set(self._last) - set(self._targets):
             del self._last[gone]
         for worker_id, url in previous.items():
@@ -315,7 +324,7 @@ class LoadScraper:
         try:
             response = await client.get(f"{server_url}/metrics", timeout=self.timeout_s)
             response.raise_for_status()
-            parsed, totals = _parse(response.text, self._names)
+            parsed, totals = _parse(response.text, self._names.get(worker_id, self._default_names))
             if parsed is None:
                 raise ValueError("no load metrics on the page")
         except (httpx.HTTPError, ValueError) as exc:

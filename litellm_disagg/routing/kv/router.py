@@ -1,15 +1,14 @@
-"""KVRouter: the composition root of KV-aware routing; the one object the controller, strategy and orchestrator use.
+"""KVRouter: KV-aware routing's composition root, and the pipeline's context provider when ``kv_routing.enabled``.
 
-It owns the stateful parts (prefix index, event subscriptions, load scraper, in-flight token counts, disaggregation
-estimates) and exposes the pure pipeline over them::
+It owns the stateful parts (prefix index, event subscriptions, load scraper, disaggregation estimates) and provides,
+for the route planner (``routing/route_plan.py``), what the scorers and the remote-or-local decision need. It selects
+nothing itself::
 
-    prompt()          tokens -> chained block hashes                          (async: may tokenize in a thread / HTTP)
-    select_decode()   candidates -> Selection (overlap, load, free KV)        (no state change)
-    select_prefill()  candidates -> Selection (overlap, prefill backlog)      (no state change)
-    decide()          remote or local prefill                                 (no state change)
-    routed()          record the choice: predicted / approximate index entries
-    tokens            TokenLoadTracker: start/prefill_done/finish per request
-    decider           DisaggDecider: observe_prefill; observe_transfers fed from the scraped NIXL counters
+    prompt()     tokens -> chained block hashes                    (async: may tokenize in a thread / HTTP)
+    context()    cached tokens per candidate (one index query per block size) + load snapshots  (no state change)
+    decide()     remote or local prefill (DisaggDecider)                                         (no state change)
+    observe()    record a plan: predicted / approximate index entries; the remote prefill's measured time
+    decider      DisaggDecider; observe_transfers is fed from the scraped NIXL counters
 
 Lifecycle: ``sync(pool)`` on every discovery snapshot (adds and removes workers: index slots, one event subscriber
 per worker with ``kv_events_endpoint`` in precise mode, scrape targets); ``start()`` once in the event loop (load
@@ -21,30 +20,33 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
+import zlib
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import zmq.asyncio
 
+from litellm_disagg.engines import engine_for
 from litellm_disagg.routing.kv.block_hash import PromptBlocks
 from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, DisaggDecision, DisaggInputs
 from litellm_disagg.routing.kv.event_applier import ApplierStats, EventApplier
 from litellm_disagg.routing.kv.event_subscriber import BadEndpoint, KVEventSubscriber
 from litellm_disagg.routing.kv.load_scraper import LoadScraper, TransferSample
 from litellm_disagg.routing.kv.prefix_index import IndexStats, PrefixIndex
-from litellm_disagg.routing.kv.scorers import ScoringContext, usable_cached_tokens
-from litellm_disagg.routing.kv.selection import Selection, Selector
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
 from litellm_disagg.routing.kv.tokenizer import PromptTokenizer
-from litellm_disagg.routing.kv.worker_load import TokenLoadTracker, collect_loads
-from litellm_disagg.routing.load import InflightTracker
+from litellm_disagg.routing.accounting import Accounting
+from litellm_disagg.routing.pipeline.context import ScoringContext, collect_loads, usable_cached_tokens
+from litellm_disagg.routing.pipeline.selection import Selection
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.request import DisaggRequest
 from litellm_disagg.runtime_config import RuntimeConfig
+
+if TYPE_CHECKING:
+    from litellm_disagg.routing.route_plan import RoutePlan
 
 logger = logging.getLogger(__name__)
 
@@ -67,15 +69,15 @@ class KVRouter:
         self,
         settings: KVRoutingSettings,
         *,
-        inflight: InflightTracker | None = None,
+        accounting: Accounting | None = None,
         http_client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
     ):
         self.settings = settings
-        self.inflight = inflight or InflightTracker()
+        self.accounting = (
+            accounting if accounting is not None else Accounting(max_age_s=settings.load.inflight_max_age_s, clock=clock)
+        )
         self.index = PrefixIndex(predicted_ttl_s=settings.index.predicted_ttl_s, clock=clock)
-        self.tokens = TokenLoadTracker(max_age_s=settings.load.inflight_max_age_s, clock=clock)
         self.decider = DisaggDecider(settings.disaggregation)
         self.tokenizer = PromptTokenizer(settings.tokenizer, client=http_client)
         self._tp_sizes: dict[str, int] = {}
@@ -87,9 +89,6 @@ class KVRouter:
             clock=clock,
             on_transfers=self._transfers_measured,
         )
-        rng = rng or random.Random(settings.seed)
-        self.prefill_selector = Selector(settings.prefill, rng=rng)
-        self.decode_selector = Selector(settings.decode, rng=rng)
         self._indexed: dict[str, _Indexed] = {}
         self._subscribers: dict[str, KVEventSubscriber] = {}
         self._zmq: zmq.asyncio.Context | None = None
@@ -133,15 +132,22 @@ class KVRouter:
                 if worker.worker_id in self._indexed:
                     self._forget(worker.worker_id)
                 self._add(worker, want)
-        self.scraper.set_targets({w.worker_id: w.server_url for w in pool.workers})
+        self.scraper.set_targets(
+            {w.worker_id: w.server_url for w in pool.workers},
+            metrics={w.worker_id: engine_for(w).adapter.metrics for w in pool.workers},
+        )
         self._tp_sizes = {w.worker_id: w.tensor_parallel_size for w in pool.workers}
 
     # -- per request --------------------------------------------------------------------------------------------------
 
-    async def prompt(self, request: DisaggRequest, model: str, *, worker_url: str | None = None) -> PromptBlocks | None:
-        """The request's tokens and block hashes, or None when they cannot be known (route on load alone)."""
+    async def prompt(self, request: DisaggRequest, candidates: Sequence[RuntimeConfig]) -> PromptBlocks | None:
+        """The request's tokens and block hashes, or None when they cannot be known (route on load alone).
+        Without a local tokenizer, a worker's /tokenize is asked: spread over the candidates, not always the first."""
+        if not candidates:
+            return None
+        asked = candidates[zlib.crc32(request.request_id.encode()) % len(candidates)]
         tokens = await self.tokenizer.tokenize(
-            model=model, endpoint=request.endpoint, fields=request.fields, worker_url=worker_url
+            model=asked.model, endpoint=request.endpoint, fields=request.fields, worker_url=asked.server_url
         )
         return None if tokens is None else PromptBlocks(tokens)
 
@@ -158,23 +164,10 @@ class KVRouter:
                 blocks = overlap.get(worker.worker_id, 0)
                 if blocks:
                     cached[worker.worker_id] = usable_cached_tokens(blocks, size, prompt.num_tokens)
-        loads = collect_loads(candidates, inflight=self.inflight, tokens=self.tokens, scraped=self.scraper.lookup())
+        loads = collect_loads(candidates, accounting=self.accounting, scraped=self.scraper.lookup())
         return ScoringContext(
             prompt_tokens=0 if prompt is None else prompt.num_tokens, cached_tokens=cached, loads=loads
         )
-
-    def select_decode(
-        self, prompt: PromptBlocks | None, candidates: Sequence[RuntimeConfig], *, ctx: ScoringContext | None = None
-    ) -> Selection:
-        """The decode pool's choice. ``ctx``: a context already built for a superset of ``candidates`` (one index
-        query for both pools: ``context(prompt, decode_candidates + prefill_candidates)``)."""
-        return self.decode_selector.select(ctx or self.context(prompt, candidates), candidates)
-
-    def select_prefill(
-        self, prompt: PromptBlocks | None, candidates: Sequence[RuntimeConfig], *, ctx: ScoringContext | None = None
-    ) -> Selection:
-        """The prefill pool's choice (``ctx`` as for ``select_decode``)."""
-        return self.prefill_selector.select(ctx or self.context(prompt, candidates), candidates)
 
     def decide(self, prompt: PromptBlocks | None, decode: Selection, prefill: Selection) -> DisaggDecision:
         """Remote prefill on ``prefill``'s choice, or local prefill on ``decode``'s choice."""
@@ -188,12 +181,25 @@ class KVRouter:
                 prompt_tokens=0 if prompt is None else prompt.num_tokens,
                 decode_cached_tokens=decode_b.cached_tokens,
                 prefill_cached_tokens=0 if prefill_b is None else prefill_b.cached_tokens,
-                prefill_queued_tokens=0 if prefill_id is None else self.tokens.prefill_tokens(prefill_id),
-                decode_queued_tokens=self.tokens.prefill_tokens(decode_id),
+                prefill_queued_tokens=0 if prefill_id is None else self.accounting.prefill_tokens(prefill_id),
+                decode_queued_tokens=self.accounting.prefill_tokens(decode_id),
                 decode_running=decode_b.active_requests,
                 prefill_available=prefill_id is not None,
             )
         )
+
+    def observe(self, plan: RoutePlan, prefill_worker_id: str | None, prefill_seconds: float | None) -> None:
+        """Where the prompt's blocks now live (until events confirm it), and what the remote prefill cost."""
+        prompt = plan.prompt
+        self.routed(prompt, plan.decode)
+        if prefill_worker_id is None or prompt is None:
+            return
+        prefill = next((p for p in plan.prefill_order if p.worker_id == prefill_worker_id), None)
+        if prefill is not None:
+            self.routed(prompt, prefill)
+        if prefill_seconds is not None:
+            computed = prompt.num_tokens - plan.cached_tokens.get(prefill_worker_id, 0)
+            self.decider.observe_prefill(max(computed, 1), prefill_seconds)
 
     def routed(self, prompt: PromptBlocks | None, worker: RuntimeConfig) -> None:
         """A request with this prompt was sent to ``worker`` (its prefill or decode): until the worker's events
@@ -234,6 +240,7 @@ class KVRouter:
                 subscriber = KVEventSubscriber(
                     endpoint,
                     applier,
+                    decode=engine_for(worker).adapter.decode_kv_events,
                     context=self._context(),
                     topic=events.topic,
                     rcvhwm=events.rcvhwm,

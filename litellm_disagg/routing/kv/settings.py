@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
+
+from litellm_disagg.routing.pipeline.profile import ProfileSettings, kv_decode_profile, kv_prefill_profile
 
 NonNegative = Annotated[float, Field(ge=0)]
 Positive = Annotated[float, Field(gt=0)]
-
-ScorerName = Literal["prefix_overlap", "load", "kv_free", "kv_cost"]
-
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -78,48 +77,6 @@ class LoadSettings(_Strict):
     inflight_max_age_s: Positive = 900.0
 
 
-class CostWeights(_Strict):
-    """Dynamo-style additive cost, in blocks: ``prefill * (uncached + queued prefill blocks) + decode * used blocks
-    + active * active requests``."""
-
-    prefill: NonNegative = 1.0
-    decode: NonNegative = 1.0
-    active: NonNegative = 1.0
-
-
-class ProfileSettings(_Strict):
-    """How one pool's worker is chosen: scorer weights, the cost's terms, sampling temperature."""
-
-    weights: dict[ScorerName, NonNegative]
-    cost: CostWeights = CostWeights()
-    temperature: NonNegative = 0.0
-    """0: the best total wins (ties: least loaded, then random). Above 0: sample with softmax(total / temperature)."""
-
-    @model_validator(mode="after")
-    def _some_weight(self) -> ProfileSettings:
-        if not any(w > 0 for w in self.weights.values()):
-            raise ValueError("a profile needs at least one scorer with a positive weight")
-        return self
-
-
-def _prefill_profile() -> ProfileSettings:
-    # Prefill workers: finish this prompt soonest = fewest (uncached + queued) tokens.
-    return ProfileSettings(weights={"kv_cost": 1.0}, cost=CostWeights(prefill=1.0, decode=0.0, active=0.0))
-
-
-def _decode_profile() -> ProfileSettings:
-    # Decode workers (and aggregated ones, which prefill locally): the time to this request's first token is the
-    # prefill it must compute plus what is queued ahead of it, so the cost counts uncached and queued prefill blocks
-    # and running requests, not the KV blocks in use (memory is kv_free's concern: with decode=1, one running
-    # request outweighed a cached prefix of its size and affinity flipped to idle workers; bench/serving measured
-    # it). prefix_overlap keeps a conversation on its cache when a holder's queue is a little longer than an idle
-    # worker's.
-    return ProfileSettings(
-        weights={"kv_cost": 1.0, "kv_free": 0.25, "prefix_overlap": 0.5},
-        cost=CostWeights(prefill=1.0, decode=0.0, active=1.0),
-    )
-
-
 class DisaggDecisionSettings(_Strict):
     """Conditional disaggregation: remote prefill or local prefill on the decode worker, per request."""
 
@@ -150,8 +107,8 @@ class KVRoutingSettings(_Strict):
     events: EventSettings = EventSettings()
     tokenizer: TokenizerSettings = TokenizerSettings()
     load: LoadSettings = LoadSettings()
-    prefill: ProfileSettings = Field(default_factory=_prefill_profile)
-    decode: ProfileSettings = Field(default_factory=_decode_profile)
+    prefill: ProfileSettings = Field(default_factory=kv_prefill_profile)
+    decode: ProfileSettings = Field(default_factory=kv_decode_profile)
     disaggregation: DisaggDecisionSettings = DisaggDecisionSettings()
     seed: int | None = None
-    """Seed of the tie-break and sampling randomness (None: from the OS)."""
+    """Seed of the pickers' tie-break and sampling randomness (None: from the OS)."""

@@ -1,0 +1,146 @@
+"""Accounting: the one owner of what this router has in flight on each worker.
+
+Every in-flight entry is started, advanced and ended here, under a typed ``FlightKey`` (the phase and LiteLLM's call
+id or our request id), never under a string built by the caller. Per worker it keeps three figures that the load
+snapshot (``pipeline.context.collect_loads``) reads for every decision:
+
+- requests in flight (decodes and prefills this router sent and has not seen finish);
+- prompt tokens still to be prefilled there (a remote prefill's uncached tokens; a decode that prefills locally);
+- KV blocks of the requests decoding there.
+
+Who calls what::
+
+    strategy      start(decode)  when the decode worker is chosen; finish(decode) if planning fails
+    orchestrator  start(prefill) / finish(prefill) around each prefill call
+    controller    prefill_done(decode) on a stream's first chunk; finish(decode) on its last chunk and on LiteLLM's
+                  success/failure events (the first to arrive ends it; the others find nothing)
+
+Entries expire after ``max_age_s``, so a lost completion event can never pin a worker as busy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True, slots=True)
+class FlightKey:
+    """One in-flight call: a decode (keyed by LiteLLM's call id) or a prefill (keyed by our request id)."""
+
+    phase: Phase
+    id: str
+
+    @classmethod
+    def decode(cls, call_id: str) -> FlightKey:
+        return cls(Phase.DECODE, call_id)
+
+    @classmethod
+    def prefill(cls, request_id: str) -> FlightKey:
+        return cls(Phase.PREFILL, request_id)
+
+
+@dataclass(slots=True)
+class _Entry:
+    worker_id: str
+    prefill_tokens: int
+    decode_blocks: int
+    started_at: float
+
+
+class Accounting:
+    def __init__(self, *, max_age_s: float = 900.0, clock: Callable[[], float] = time.monotonic):
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._entries: dict[FlightKey, _Entry] = {}
+        self._requests: Counter[str] = Counter()
+        self._prefill: Counter[str] = Counter()
+        self._decode: Counter[str] = Counter()
+
+    # -- changes -------------------------------------------------------------------------------------------------------
+
+    def start(self, key: FlightKey, worker_id: str, *, prefill_tokens: int = 0, decode_blocks: int = 0) -> None:
+        """Count a call sent to ``worker_id`` (replacing any entry under ``key``)."""
+        self.finish(key)
+        self._entries[key] = _Entry(worker_id, prefill_tokens, decode_blocks, self._clock())
+        self._requests[worker_id] += 1
+        if prefill_tokens:
+            self._prefill[worker_id] += prefill_tokens
+        if decode_blocks:
+            self._decode[worker_id] += decode_blocks
+
+    def prefill_done(self, key: FlightKey) -> None:
+        """The call's prompt is computed (its first token came back): its prefill tokens stop counting."""
+        entry = self._entries.get(key)
+        if entry is not None and entry.prefill_tokens:
+            _sub(self._prefill, entry.worker_id, entry.prefill_tokens)
+            entry.prefill_tokens = 0
+
+    def finish(self, key: FlightKey, worker_id: str | None = None) -> str | None:
+        """End an entry (only if it is on ``worker_id``, when given: a late event of an earlier attempt must not end
+        its retry's entry); returns the worker it was on, or None when there was none."""
+        entry = self._entries.get(key)
+        if entry is None or (worker_id is not None and entry.worker_id != worker_id):
+            return None
+        del self._entries[key]
+        _sub(self._requests, entry.worker_id, 1)
+        _sub(self._prefill, entry.worker_id, entry.prefill_tokens)
+        _sub(self._decode, entry.worker_id, entry.decode_blocks)
+        return entry.worker_id
+
+    def expire(self) -> None:
+        """Drop entries older than ``max_age_s``. Insertion order is start order (a restarted key moves to the end):
+        only the oldest can have expired."""
+        entries = self._entries
+        if not entries:
+            return
+        deadline = self._clock() - self.max_age_s
+        while entries:
+            key, entry = next(iter(entries.items()))
+            if entry.started_at >= deadline:
+                return
+            self.finish(key)
+
+    # -- reads ---------------------------------------------------------------------------------------------------------
+
+    def requests(self, worker_id: str) -> int:
+        self.expire()
+        return self._requests.get(worker_id, 0)
+
+    def prefill_tokens(self, worker_id: str) -> int:
+        self.expire()
+        return self._prefill.get(worker_id, 0)
+
+    def decode_blocks(self, worker_id: str) -> int:
+        self.expire()
+        return self._decode.get(worker_id, 0)
+
+    def worker_of(self, key: FlightKey) -> str | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry.worker_id
+
+    def lookups(self) -> tuple[Callable[[str, int], int], Callable[[str, int], int], Callable[[str, int], int]]:
+        """Expire once, then ``get(worker_id, 0)`` lookups of (requests, prefill tokens, decode blocks), for many
+        workers at one instant (one decision's load snapshot)."""
+        self.expire()
+        return self._requests.get, self._prefill.get, self._decode.get
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _sub(counter: Counter[str], worker_id: str, amount: int) -> None:
+    if amount:
+        left = counter[worker_id] - amount
+        if left > 0:
+            counter[worker_id] = left
+        else:
+            del counter[worker_id]

@@ -1,0 +1,135 @@
+"""The scoring context: what the scorers know about one request and the candidates' state, built once per decision.
+
+- ``WorkerLoad``: one immutable load snapshot per worker (a named tuple: 64 of them per decision must cost
+  microseconds): this router's in-flight figures (``Accounting``) and the engine's scraped metrics.
+- ``ScoringContext``: the prompt's length, the cached tokens per worker (from the KV prefix index, when KV-aware
+  routing is on; else empty) and the loads.
+- ``collect_loads``: the snapshot of many workers at one instant.
+
+Context providers (``providers.py``) build it; scorers only read it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from litellm_disagg.routing.accounting import Accounting
+from litellm_disagg.routing.kv.load_scraper import NOT_SCRAPED, ScrapedLoad
+from litellm_disagg.runtime_config import RuntimeConfig
+
+
+class WorkerLoad(NamedTuple):
+    worker_id: str
+    kv_capacity_blocks: int
+    inflight_requests: int = 0
+    """Requests this router has in flight there."""
+    inflight_prefill_tokens: int = 0
+    """Prompt tokens this router sent there that are still being prefilled."""
+    inflight_decode_blocks: int = 0
+    """KV blocks of the requests this router has decoding there."""
+    scraped: ScrapedLoad = NOT_SCRAPED
+
+    # The properties below spell ``max(a, b)`` as ``b if b > a else a``: the same value (``max`` keeps the first of
+    # equal values and never prefers a NaN second argument) without a builtin call; dozens run per decision.
+
+    @property
+    def active_requests(self) -> float:
+        """Requests running or queued there: the larger of the router's count and the engine's (which also sees
+        other routers' requests, but lags by up to a scrape interval)."""
+        scraped = self.scraped
+        ours = float(self.inflight_requests)
+        if scraped.stale:
+            return ours
+        engine = scraped.running + scraped.waiting
+        return engine if engine > ours else ours
+
+    @property
+    def used_blocks(self) -> float:
+        """KV blocks in use: the larger of the router's in-flight decode blocks and the engine's reported usage."""
+        scraped = self.scraped
+        engine = 0.0 if scraped.stale else scraped.kv_usage * self.kv_capacity_blocks
+        ours = float(self.inflight_decode_blocks)
+        return engine if engine > ours else ours
+
+    @property
+    def free_kv_fraction(self) -> float:
+        capacity = self.kv_capacity_blocks
+        if capacity <= 0:
+            return 0.0
+        free = 1.0 - self.used_blocks / capacity
+        return free if free > 0.0 else 0.0
+
+
+@dataclass(frozen=True)
+class ScoringContext:
+    """What the scorers know about one request and the candidates' state."""
+
+    prompt_tokens: int
+    cached_tokens: Mapping[str, int]
+    """Per worker: leading prompt tokens its prefix cache can serve (``usable_cached_tokens``); absent means 0."""
+    loads: Mapping[str, WorkerLoad]
+
+    def cached(self, worker_id: str) -> int:
+        return self.cached_tokens.get(worker_id, 0)
+
+    def load(self, worker: RuntimeConfig) -> WorkerLoad:
+        found = self.loads.get(worker.worker_id)
+        return found if found is not None else WorkerLoad(worker.worker_id, worker.kv_capacity_blocks)
+
+    def loads_of(self, candidates: Sequence[RuntimeConfig]) -> list[WorkerLoad]:
+        """``[load(w) for w in candidates]``, in one pass."""
+        get = self.loads.get
+        return [
+            found if (found := get(w.worker_id)) is not None else WorkerLoad(w.worker_id, w.kv_capacity_blocks)
+            for w in candidates
+        ]
+
+
+def usable_cached_tokens(cached_blocks: int, block_size: int, prompt_tokens: int) -> int:
+    """Tokens a worker holding ``cached_blocks`` leading blocks can skip: vLLM computes at least the last prompt
+    token, so a hit never covers the prompt's last block when the prompt fills it exactly."""
+    if prompt_tokens <= 0:
+        return 0
+    limit = (prompt_tokens - 1) // block_size
+    return (limit if limit < cached_blocks else cached_blocks) * block_size  # min(cached_blocks, limit)
+
+
+def collect_loads(
+    candidates: Iterable[RuntimeConfig],
+    *,
+    accounting: Accounting | None = None,
+    scraped: Mapping[str, ScrapedLoad] | Callable[[str], ScrapedLoad] | None = None,
+) -> dict[str, WorkerLoad]:
+    """One snapshot per candidate, from whichever sources are given (``scraped``: a mapping, or a lookup such as
+    ``LoadScraper.lookup()``)."""
+    if scraped is None:
+        lookup: Callable[[str], ScrapedLoad] = _not_scraped
+    elif isinstance(scraped, Mapping):
+        lookup = lambda wid: scraped.get(wid, NOT_SCRAPED)  # noqa: E731
+    else:
+        lookup = scraped
+    if accounting is not None:
+        requests_of, prefill_of, decode_of = accounting.lookups()
+    else:
+        requests_of = prefill_of = decode_of = _zero
+    # ``tuple.__new__`` builds the same named tuple as ``WorkerLoad(...)`` without the Python-level ``__new__`` that
+    # namedtuple generates (64 snapshots per decision).
+    make = tuple.__new__
+    out: dict[str, WorkerLoad] = {}
+    for worker in candidates:
+        wid = worker.worker_id
+        out[wid] = make(
+            WorkerLoad,
+            (wid, worker.kv_capacity_blocks, requests_of(wid, 0), prefill_of(wid, 0), decode_of(wid, 0), lookup(wid)),
+        )
+    return out
+
+
+def _zero(_worker_id: str, default: int) -> int:
+    return default
+
+
+def _not_scraped(_worker_id: str) -> ScrapedLoad:
+    return NOT_SCRAPED

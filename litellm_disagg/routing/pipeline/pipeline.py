@@ -1,0 +1,63 @@
+"""Pipeline: one pool's selection, the same code for every request, KV-aware routing on or off.
+
+    candidates ─► filters ─► scorers (weighted, clamped to [0, 1], summed) ─► picker ─► Selection
+
+The scoring context (prompt length, cached tokens, loads) comes from a context provider (``providers.py``); the
+pipeline itself does no I/O and changes no state but its picker's RNG and rotation: it answers "which worker would
+you pick"; recording the choice is the caller's next step.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Sequence
+
+from litellm_disagg.routing.pipeline import filters as filters_mod
+from litellm_disagg.routing.pipeline.context import ScoringContext
+from litellm_disagg.routing.pipeline.filters import Filter
+from litellm_disagg.routing.pipeline.picker import Picker
+from litellm_disagg.routing.pipeline.profile import ProfileSettings
+from litellm_disagg.routing.pipeline.scorers import KVCostScorer, Scorer, make_scorer
+from litellm_disagg.routing.pipeline.scorers.kv_cost import CostTerms
+from litellm_disagg.routing.pipeline.selection import Selection
+from litellm_disagg.runtime_config import RuntimeConfig
+
+_ZEROS = itertools.repeat(0.0)
+"""The default of every ``values.get`` (an endless iterator: ``map`` stops with the worker ids)."""
+
+
+class Pipeline:
+    def __init__(self, profile: ProfileSettings, *, rng: random.Random | None = None):
+        self.profile = profile
+        self.picker = Picker(profile, rng=rng)
+        self.scorers: list[tuple[Scorer, float]] = [
+            (make_scorer(name, profile), weight) for name, weight in profile.weights.items() if weight > 0
+        ]
+
+    def filter(self, candidates: Sequence[RuntimeConfig], filters: Sequence[Filter]) -> list[RuntimeConfig]:
+        return filters_mod.apply(filters, candidates)
+
+    def select(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> Selection:
+        """Score and pick among ``candidates`` (already filtered)."""
+        if not candidates:
+            return Selection(None, "none")
+        ids = [w.worker_id for w in candidates]
+        totals = dict.fromkeys(ids, 0.0)
+        scores: dict[str, dict[str, float]] = {}
+        costs: dict[str, CostTerms] | None = None
+        for scorer, weight in self.scorers:
+            if isinstance(scorer, KVCostScorer):  # keep the cost terms for the breakdown; compute them once
+                costs = scorer.costs(ctx, candidates)
+                values = scorer.scores_of(costs)
+            else:
+                values = scorer.score(ctx, candidates)
+            clamped: dict[str, float] = {}
+            for wid, value in zip(ids, map(values.get, ids, _ZEROS), strict=False):
+                if not 0.0 <= value <= 1.0:
+                    value = 1.0 if value > 1.0 else 0.0  # NaN -> 0
+                clamped[wid] = value
+                totals[wid] += weight * value
+            scores[scorer.name] = clamped
+        worker, how = self.picker.pick(ctx, candidates, totals)
+        return Selection(worker, how, totals, scores=scores, ctx=ctx, costs=costs)

@@ -1,0 +1,56 @@
+"""``kv_cost``: a Dynamo-style additive cost in blocks, relative (``(lowest + 1) / (cost + 1)``).
+
+    prefill * (uncached blocks of this prompt + blocks queued for prefill there)
+      + decode * KV blocks in use there + active * requests running or queued there
+
+The weights of the three terms (``CostWeights``) come from the pool's profile. ``costs()`` keeps the terms, so a
+selection can explain itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
+
+from litellm_disagg.routing.pipeline.context import ScoringContext, WorkerLoad
+from litellm_disagg.routing.pipeline.profile import CostWeights
+from litellm_disagg.routing.pipeline.scorers.base import relative
+from litellm_disagg.runtime_config import RuntimeConfig
+
+
+class CostTerms(NamedTuple):
+    uncached_blocks: int
+    queued_prefill_blocks: int
+    used_blocks: float
+    active_requests: float
+    total: float
+
+
+def kv_cost(ctx: ScoringContext, worker: RuntimeConfig, weights: CostWeights) -> CostTerms:
+    size = worker.block_size
+    wid = worker.worker_id
+    load = ctx.loads.get(wid) or WorkerLoad(wid, worker.kv_capacity_blocks)
+    uncached = -(-max(0, ctx.prompt_tokens - ctx.cached_tokens.get(wid, 0)) // size)
+    queued = -(-load.inflight_prefill_tokens // size)
+    used = load.used_blocks
+    active = load.active_requests
+    total = weights.prefill * (uncached + queued) + weights.decode * used + weights.active * active
+    return CostTerms(uncached, queued, used, active, total)
+
+
+class KVCostScorer:
+    name = "kv_cost"
+
+    def __init__(self, weights: CostWeights):
+        self.weights = weights
+
+    def costs(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, CostTerms]:
+        weights = self.weights
+        return {w.worker_id: kv_cost(ctx, w, weights) for w in candidates}
+
+    def score(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, float]:
+        return self.scores_of(self.costs(ctx, candidates))
+
+    @staticmethod
+    def scores_of(costs: Mapping[str, CostTerms]) -> dict[str, float]:
+        return relative({wid: terms.total for wid, terms in costs.items()})

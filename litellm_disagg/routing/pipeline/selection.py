@@ -1,0 +1,87 @@
+"""Selection: one pool's choice, how it was made, and (on demand) every candidate's breakdown for logs and benchmarks.
+
+``Selection`` carries the winner, every candidate's weighted total, and on first use every candidate's breakdown
+(each scorer's score, the total, the cost terms when ``kv_cost`` is weighted, cached tokens, active requests), so an
+unlogged decision does not pay for it. ``ranking()`` is the failover order.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+from litellm_disagg.routing.pipeline.context import ScoringContext
+from litellm_disagg.routing.pipeline.scorers.kv_cost import CostTerms
+from litellm_disagg.runtime_config import RuntimeConfig
+
+How = Literal["none", "only", "best", "tie_load", "tie_random", "tie_rotate", "sampled"]
+
+
+class WorkerBreakdown(NamedTuple):
+    total: float
+    scores: dict[str, float]
+    """Each scorer's score, clamped to [0, 1], before its weight."""
+    cached_tokens: int
+    active_requests: float
+    cost: CostTerms | None = None
+
+
+class Selection:
+    """The winner, how it won, and (built on first use, so an unlogged decision does not pay for it) the per-worker
+    breakdown."""
+
+    __slots__ = ("_breakdown", "_costs", "_ctx", "_scores", "how", "totals", "worker")
+
+    def __init__(
+        self,
+        worker: RuntimeConfig | None,
+        how: How,
+        totals: dict[str, float] | None = None,
+        *,
+        scores: dict[str, dict[str, float]] | None = None,
+        ctx: ScoringContext | None = None,
+        costs: dict[str, CostTerms] | None = None,
+    ):
+        self.worker = worker
+        self.how = how
+        self.totals = totals or {}
+        """Weighted total per candidate."""
+        self._scores = scores or {}
+        self._ctx = ctx
+        self._costs = costs
+        self._breakdown: dict[str, WorkerBreakdown] | None = None
+
+    @property
+    def worker_id(self) -> str | None:
+        return None if self.worker is None else self.worker.worker_id
+
+    def detail(self, worker_id: str) -> WorkerBreakdown:
+        """One candidate's breakdown."""
+        ctx = self._ctx
+        return WorkerBreakdown(
+            self.totals[worker_id],
+            {name: values[worker_id] for name, values in self._scores.items()},
+            0 if ctx is None else ctx.cached(worker_id),
+            0.0 if ctx is None or worker_id not in ctx.loads else ctx.loads[worker_id].active_requests,
+            None if self._costs is None else self._costs.get(worker_id),
+        )
+
+    @property
+    def breakdown(self) -> dict[str, WorkerBreakdown]:
+        """Every candidate's breakdown."""
+        if self._breakdown is None:
+            self._breakdown = {wid: self.detail(wid) for wid in self.totals}
+        return self._breakdown
+
+    def ranking(self) -> list[str]:
+        """Worker ids, the chosen one first, then by descending total: the order to fail over in."""
+        totals = self.totals
+        rest = sorted((wid for wid in totals if wid != self.worker_id), key=lambda wid: -totals[wid])
+        return ([self.worker_id] if self.worker_id is not None else []) + rest
+
+    def describe(self) -> str:
+        """One line for a log: the winner, how, and every candidate's total and scores."""
+        parts = []
+        for wid, b in sorted(self.breakdown.items(), key=lambda item: -item[1].total):
+            scores = ",".join(f"{name}={value:.3f}" for name, value in b.scores.items())
+            parts.append(f"{wid}:{b.total:.3f}[{scores};cached={b.cached_tokens};active={b.active_requests:g}]")
+        return f"picked {self.worker_id} ({self.how}) " + " ".join(parts)

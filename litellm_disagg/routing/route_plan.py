@@ -1,0 +1,126 @@
+"""The route plan: one request's decode worker, its prefill workers in failover order, or why it prefills locally.
+
+    RoutePlanner.plan(request, pool, decode candidates)
+        filters (both pools) ─► context provider (prompt, cached tokens, loads: one query for both pools)
+        ─► decode pipeline ─► prefill pipeline (minus the decode worker) ─► remote-or-local decision ─► RoutePlan
+
+The one place a request's workers are chosen, KV-aware routing on or off (the profiles and the context provider
+differ, not the code). No state changes here except the pickers' RNG and rotation; the strategy records the decode in
+``Accounting``, the orchestrator walks ``prefill_order``, and ``observe`` tells the provider what happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from litellm_disagg.routing.cooldown import FailureCooldown
+from litellm_disagg.routing.kv.disagg_decision import NO_PREFILL_WORKER
+from litellm_disagg.routing.pipeline import filters
+from litellm_disagg.routing.pipeline.pipeline import Pipeline
+from litellm_disagg.routing.pipeline.providers import ContextProvider
+from litellm_disagg.routing.pipeline.selection import Selection
+from litellm_disagg.routing.pool import WorkerPool
+from litellm_disagg.routing.request import DisaggRequest
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
+
+if TYPE_CHECKING:
+    from litellm_disagg.routing.kv.block_hash import PromptBlocks
+
+NOT_SPLITTABLE = "request has several prompts or completions"
+
+
+class NoDecodeWorker(Exception):
+    """No candidate can decode this request."""
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    decode: RuntimeConfig
+    prefill_order: tuple[RuntimeConfig, ...]
+    """Prefill workers to try, best first; empty when the decode worker prefills (by choice or for lack of any)."""
+    local_reason: str | None
+    """Set when the decode worker prefills by choice (the decision, or a request that cannot be split): not a
+    fallback. None with an empty ``prefill_order``: no prefill worker was available (a fallback)."""
+    reason: str
+    """The remote-or-local decision's reason."""
+    prompt: PromptBlocks | None = None
+    cached_tokens: Mapping[str, int] = field(default_factory=dict)
+    decode_selection: Selection = field(default_factory=lambda: Selection(None, "none"))
+    prefill_selection: Selection = field(default_factory=lambda: Selection(None, "none"))
+
+    @property
+    def local_prefill_tokens(self) -> int:
+        """Prompt tokens the decode worker computes itself under this plan (0 when unknown or prefilled remotely)."""
+        if self.prompt is None or self.prefill_order:
+            return 0
+        return self.prompt.num_tokens - self.cached_tokens.get(self.decode.worker_id, 0)
+
+    @property
+    def decode_blocks(self) -> int:
+        return 0 if self.prompt is None else self.prompt.num_blocks(self.decode.block_size)
+
+    def prefill_tokens_on(self, worker_id: str) -> int:
+        """Prompt tokens ``worker_id`` computes when it prefills this request (0 when unknown)."""
+        if self.prompt is None:
+            return 0
+        return max(0, self.prompt.num_tokens - self.cached_tokens.get(worker_id, 0))
+
+    def explain(self) -> str:
+        """Per-worker scores of both pools and the decision (built on demand: it costs more than the choice)."""
+        return f"decode {self.decode_selection.describe()}; prefill {self.prefill_selection.describe()}; {self.reason}"
+
+
+class RoutePlanner:
+    def __init__(
+        self, *, provider: ContextProvider, decode: Pipeline, prefill: Pipeline, cooldown: FailureCooldown
+    ):
+        self.provider = provider
+        self.decode = decode
+        self.prefill = prefill
+        self.cooldown = cooldown
+
+    async def plan(
+        self, request: DisaggRequest, pool: WorkerPool, candidates: Sequence[RuntimeConfig]
+    ) -> RoutePlan:
+        """``candidates``: the decode workers LiteLLM considers healthy for this call (its deployments)."""
+        decode_candidates = filters.apply(
+            (filters.routable, filters.role(WorkerRole.DECODE), filters.cooldown(self.cooldown)), candidates
+        )
+        if not decode_candidates:
+            raise NoDecodeWorker("no ready decode worker")
+        model = decode_candidates[0].model
+        prefill_all = filters.apply(
+            (filters.routable, filters.role(WorkerRole.PREFILL), filters.cooldown(self.cooldown)),
+            pool.for_model(model),
+        )
+        prompt = await self.provider.prompt(request, decode_candidates) if request.splittable else None
+        decode_ids = {w.worker_id for w in decode_candidates}
+        ctx = self.provider.context(
+            prompt, decode_candidates + [p for p in prefill_all if p.worker_id not in decode_ids]
+        )
+        decode_selection = self.decode.select(ctx, decode_candidates)
+        decode = decode_selection.worker or decode_candidates[0]
+        # A worker never prefills for itself: that is just aggregated serving.
+        prefill_candidates = filters.excluded((decode.worker_id,))(prefill_all)
+        prefill_selection = self.prefill.select(ctx, prefill_candidates)
+        common = dict(
+            prompt=prompt,
+            cached_tokens=ctx.cached_tokens,
+            decode_selection=decode_selection,
+            prefill_selection=prefill_selection,
+        )
+        if not request.splittable:
+            return RoutePlan(decode, (), NOT_SPLITTABLE, NOT_SPLITTABLE, **common)  # type: ignore[arg-type]
+        decision = self.provider.decide(prompt, decode_selection, prefill_selection)
+        if decision.remote:
+            by_id = {p.worker_id: p for p in prefill_candidates}
+            order = tuple(by_id[wid] for wid in prefill_selection.ranking() if wid in by_id)
+            return RoutePlan(decode, order, None, decision.reason, **common)  # type: ignore[arg-type]
+        # No prefill worker at all is a fallback (the orchestrator may refuse it), not a choice.
+        local_reason = None if decision.reason == NO_PREFILL_WORKER else decision.reason
+        return RoutePlan(decode, (), local_reason, decision.reason, **common)  # type: ignore[arg-type]
+
+    def observe(self, plan: RoutePlan, prefill_worker_id: str | None, prefill_seconds: float | None) -> None:
+        self.provider.observe(plan, prefill_worker_id, prefill_seconds)
