@@ -36,7 +36,7 @@ def test_cpu_flags_and_loopback_environment():
     assert env["VLLM_HOST_IP"] == "127.0.0.1" and env["UCX_NET_DEVICES"] == "lo"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and "VLLM_CPU_KVCACHE_SPACE" not in env
     assert env["PYTHONPATH"] == f"{SITECUSTOMIZE_DIR}{os.pathsep}/x"
-    assert env["LITELLM_DISAGG_NIXL_PROGRESS_THREAD"] == "0"
+    assert env["LITELLM_DISAGG_NIXL_PROGRESS_DELAY_US"] == "1000" and "LITELLM_DISAGG_NIXL_PROGRESS_THREAD" not in env
 
 
 def test_gpu_has_no_cpu_settings_and_a_routable_host_keeps_ucx_free():
@@ -65,20 +65,39 @@ def test_the_adapter_launch_says_what_the_worker_publishes():
     assert get_engine("vllm").adapter.launch(opts()).kv_events_endpoint is None
 
 
-def test_sitecustomize_disables_nixl_progress_thread_lazily(tmp_path):
-    # A stand-in NIXL backend module with the real one's constructor signature.
+def test_sitecustomize_paces_the_nixl_progress_thread_lazily(tmp_path):
+    # A stand-in NIXL backend module shaped like the real one: nixl_agent_config, and nixl_agent building the
+    # bindings' config with pthrDelay = 0 before creating the bindings' agent.
     pkg = tmp_path / "nixl_cu12"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
+    (pkg / "_bindings.py").write_text(
+        "class nixlAgentConfig:\n"
+        "    pthrDelay = None\n"
+        "class nixlAgent:\n"
+        "    def __init__(self, name, config):\n"
+        "        self.delay = config.pthrDelay\n"
+    )
     (pkg / "_api.py").write_text(
+        "import nixl_cu12._bindings as nixlBind\n"
         "class nixl_agent_config:\n"
         "    def __init__(self, enable_prog_thread=True, num_threads=0):\n"
         "        self.enable_prog_thread = enable_prog_thread\n"
+        "def nixl_agent(name, conf=None):\n"
+        "    config = nixlBind.nixlAgentConfig()\n"
+        "    config.pthrDelay = 0\n"
+        "    return nixlBind.nixlAgent(name, config)\n"
     )
-    code = "import sys; assert 'nixl_cu12._api' not in sys.modules; from nixl_cu12._api import nixl_agent_config as c; print(c().enable_prog_thread, c(enable_prog_thread=True).enable_prog_thread)"
-    env = {"PYTHONPATH": f"{SITECUSTOMIZE_DIR}{os.pathsep}{tmp_path}", "LITELLM_DISAGG_NIXL_PROGRESS_THREAD": "0", "PATH": os.environ["PATH"]}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
-    env["LITELLM_DISAGG_NIXL_PROGRESS_THREAD"] = "1"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["True", "True"]
+    code = (
+        "import sys; assert 'nixl_cu12._api' not in sys.modules; from nixl_cu12 import _api; "
+        "print(_api.nixl_agent_config().enable_prog_thread, _api.nixl_agent('a').delay)"
+    )
+    base = {"PYTHONPATH": f"{SITECUSTOMIZE_DIR}{os.pathsep}{tmp_path}", "PATH": os.environ["PATH"]}
+
+    def run(**env: str) -> list[str]:
+        out = subprocess.run([sys.executable, "-c", code], env=base | env, capture_output=True, text=True, check=True)
+        return out.stdout.split()
+
+    assert run(LITELLM_DISAGG_NIXL_PROGRESS_DELAY_US="1000") == ["True", "1000"]  # on, paced
+    assert run() == ["True", "0"]  # nothing asked: NIXL untouched
+    assert run(LITELLM_DISAGG_NIXL_PROGRESS_THREAD="0") == ["False", "0"]  # off, for experiments
