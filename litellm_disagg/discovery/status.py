@@ -1,4 +1,5 @@
-"""Is discovery reachable? One gauge for Prometheus, and one log line per transition (never one per retry).
+"""Is discovery reachable? Gauges for Prometheus (``observability.metrics``: up, last successful read), and one log
+line per transition (never one per retry).
 
 While the backend is down, routers keep routing on the last snapshot they had: a registry's ``watch()`` simply
 yields nothing new until it answers again.
@@ -7,15 +8,13 @@ yields nothing new until it answers again.
 from __future__ import annotations
 
 import logging
+import time
 
 from prometheus_client import Gauge
 
-logger = logging.getLogger(__name__)
+from litellm_disagg.observability.metrics import DISCOVERY_LAST_SUCCESS, DISCOVERY_UP
 
-DISCOVERY_UP = Gauge(
-    "litellm_disagg_discovery_up",
-    "1 while the discovery backend answers, 0 while it does not (routing continues on the last known workers)",
-)
+logger = logging.getLogger(__name__)
 
 
 class DiscoveryStatus:
@@ -27,6 +26,7 @@ class DiscoveryStatus:
         self.up: bool | None = None
 
     def ok(self) -> None:
+        DISCOVERY_LAST_SUCCESS.set(time.time())
         if self.up is False:
             logger.warning("%s reachable again, discovery resumed", self.backend)
         if self.up is not True:

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from prometheus_client import Counter
-
 from litellm_disagg.engines import engine_for
 from litellm_disagg.engines.base import TransferHandle
+from litellm_disagg.observability import metrics
+from litellm_disagg.observability.requests import failover_cause
 from litellm_disagg.routing.accounting import Accounting, FlightKey
 from litellm_disagg.routing.cooldown import FailureCooldown
 from litellm_disagg.routing.request import DisaggRequest
@@ -32,9 +32,6 @@ from litellm_disagg.runtime_config import RuntimeConfig
 from litellm_disagg.transfer.prefill import PrefillClient, PrefillUnavailable
 
 logger = logging.getLogger(__name__)
-
-ROUTED = Counter("litellm_disagg_requests_total", "Requests routed, by mode", ["model", "mode"])
-PREFILL_FAILURES = Counter("litellm_disagg_prefill_failures_total", "Prefill attempts that failed over", ["worker_id"])
 
 
 class Mode(StrEnum):
@@ -79,11 +76,12 @@ class Orchestrator:
     async def run(self, request: DisaggRequest, plan: RoutePlan) -> Outcome:
         decode = plan.decode
         if plan.local_reason is not None:
-            ROUTED.labels(decode.model, Mode.AGGREGATED.value).inc()
+            metrics.REQUESTS.labels(decode.model, "local_prefill").inc()
             logger.debug("prefilling locally on %s: %s", decode.worker_id, plan.local_reason)
             return Outcome(Mode.AGGREGATED, decode, reason=plan.local_reason)
         remaining = list(plan.prefill_order)
         reason = "no prefill worker available"
+        cause = "no_prefill_worker"
         for _ in range(self.max_attempts):
             healthy = self.cooldown.prefer_healthy(remaining)
             if not healthy:
@@ -93,13 +91,15 @@ class Orchestrator:
             try:
                 return await self._prefill(request, plan, prefill)
             except PrefillUnavailable as exc:
-                PREFILL_FAILURES.labels(prefill.worker_id).inc()
+                metrics.PREFILL_FAILOVERS.labels(decode.model, prefill.worker_id, failover_cause(exc)).inc()
+                cause = "prefill_failed"
                 self.cooldown.failed(prefill.worker_id)
                 logger.warning("request %s: %s; trying elsewhere", request.request_id, exc)
                 reason = str(exc)
         if not self.aggregated_fallback:
             raise NoPrefillAvailable(reason)
-        ROUTED.labels(decode.model, Mode.AGGREGATED.value).inc()
+        metrics.REQUESTS.labels(decode.model, Mode.AGGREGATED.value).inc()
+        metrics.AGGREGATED_FALLBACKS.labels(decode.model, cause).inc()
         logger.warning("serving aggregated on %s: %s", decode.worker_id, reason)
         return Outcome(Mode.AGGREGATED, decode, reason=reason)
 
@@ -117,7 +117,7 @@ class Orchestrator:
             )
         finally:
             self.accounting.finish(key)
-        ROUTED.labels(plan.decode.model, Mode.DISAGGREGATED.value).inc()
+        metrics.REQUESTS.labels(plan.decode.model, Mode.DISAGGREGATED.value).inc()
         return Outcome(
             Mode.DISAGGREGATED,
             plan.decode,
