@@ -18,11 +18,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 UNK, IM_START, IM_END, END_OF_TEXT = 0, 1, 2, 3
-SPECIAL_TOKENS: dict[str, int] = {"<|im_start|>": IM_START, "<|im_end|>": IM_END, "<|endoftext|>": END_OF_TEXT}
-_SPECIAL_TEXT = {v: k for k, v in SPECIAL_TOKENS.items()} | {UNK: "<unk>"}
+SPECIAL_TOKENS: Mapping[str, int] = MappingProxyType({"<|im_start|>": IM_START, "<|im_end|>": IM_END, "<|endoftext|>": END_OF_TEXT})
+_SPECIAL_TEXT: Mapping[int, str] = MappingProxyType({v: k for k, v in SPECIAL_TOKENS.items()} | {UNK: "<unk>"})
 
 VOCAB_SIZE = 32_000
 WORD_BASE = 256
@@ -39,7 +40,7 @@ def _word(index: int) -> str:
 
 
 WORDS: tuple[str, ...] = tuple(_word(i) for i in range(NUM_WORDS))
-_WORD_IDS: dict[str, int] = {w: WORD_BASE + i for i, w in enumerate(WORDS)}
+_WORD_IDS: Mapping[str, int] = MappingProxyType({w: WORD_BASE + i for i, w in enumerate(WORDS)})
 
 _SPECIALS = re.compile("(" + "|".join(re.escape(s) for s in SPECIAL_TOKENS) + ")")
 _PIECES = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")

@@ -35,8 +35,8 @@ from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 
 DEFAULT_ADDRESS = "127.0.0.1:8500"
 
-_TRUE = {"1", "t", "true"}
-_FALSE = {"0", "f", "false"}
+_TRUE = frozenset({"1", "t", "true"})
+_FALSE = frozenset({"0", "f", "false"})
 
 
 def parse_bool(value: str, name: str) -> bool:

@@ -1,6 +1,6 @@
 """Pipeline: one pool's selection, the same code for every request, KV-aware routing on or off.
 
-    candidates ─► filters ─► scorers (weighted, clamped to [0, 1], summed) ─► picker ─► Selection
+    candidates (already through ``filters.py``) ─► scorers (weighted, clamped to [0, 1], summed) ─► picker ─► Selection
 
 The scoring context (prompt length, cached tokens, loads) comes from a context provider (``providers.py``); the
 pipeline itself does no I/O and changes no state but its picker's RNG and rotation: it answers "which worker would
@@ -13,9 +13,7 @@ import itertools
 import random
 from collections.abc import Sequence
 
-from litellm_disagg.routing.pipeline import filters as filters_mod
 from litellm_disagg.routing.pipeline.context import ScoringContext
-from litellm_disagg.routing.pipeline.filters import Filter
 from litellm_disagg.routing.pipeline.picker import Picker
 from litellm_disagg.routing.pipeline.profile import ProfileSettings
 from litellm_disagg.routing.pipeline.scorers import KVCostScorer, Scorer, make_scorer
@@ -34,9 +32,6 @@ class Pipeline:
         self.scorers: list[tuple[Scorer, float]] = [
             (make_scorer(name, profile), weight) for name, weight in profile.weights.items() if weight > 0
         ]
-
-    def filter(self, candidates: Sequence[RuntimeConfig], filters: Sequence[Filter]) -> list[RuntimeConfig]:
-        return filters_mod.apply(filters, candidates)
 
     def select(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> Selection:
         """Score and pick among ``candidates`` (already filtered)."""
