@@ -35,7 +35,7 @@ from litellm_disagg.version import __version__
 WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 Port = Annotated[int, Field(ge=1, le=65535)]
 Host = Annotated[str, Field(min_length=1, max_length=255)]
-EngineName = Literal["vllm"]
+EngineName = Literal["vllm", "sglang", "trtllm"]
 
 
 class WorkerRole(StrEnum):
@@ -73,10 +73,40 @@ class VllmNixlTransfer(BaseModel):
     port: Port
 
 
-TransferSection = Annotated[VllmNixlTransfer, Field(discriminator="kind")]
-"""How a worker's KV cache moves, one member per transfer protocol (later: SGLang's bootstrap server, TRT-LLM's)."""
+class SglangBootstrapTransfer(BaseModel):
+    """SGLang's PD disaggregation: a prefill worker's bootstrap server, where decode workers register a request's
+    ``bootstrap_room`` before the prefill pushes its KV (``--disaggregation-bootstrap-port``)."""
 
-_ENGINE_TRANSFERS: Final = frozenset({("vllm", "vllm-nixl")})
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    kind: Literal["sglang-bootstrap"] = "sglang-bootstrap"
+    host: Host
+    """The bootstrap server's address (what the router sends as ``bootstrap_host``)."""
+    port: Port
+    """The bootstrap port (``bootstrap_port``)."""
+    backend: Literal["nixl", "mooncake", "fake"] = "nixl"
+    """``--disaggregation-transfer-backend``: prefill and decode workers must agree."""
+
+
+class TrtllmDisaggTransfer(BaseModel):
+    """TensorRT-LLM's disaggregated serving: the context server returns ``disaggregated_params`` (with an opaque
+    state naming its cache transceiver) that the generation request carries back; nothing to dial in advance."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    kind: Literal["trtllm-disagg"] = "trtllm-disagg"
+    backend: Literal["NIXL", "UCX", "MPI", "DEFAULT"] = "NIXL"
+    """``cache_transceiver_config.backend``: context and generation servers must agree."""
+
+
+TransferSection = Annotated[
+    VllmNixlTransfer | SglangBootstrapTransfer | TrtllmDisaggTransfer, Field(discriminator="kind")
+]
+"""How a worker's KV cache moves, one member per transfer protocol."""
+
+_ENGINE_TRANSFERS: Final = frozenset(
+    {("vllm", "vllm-nixl"), ("sglang", "sglang-bootstrap"), ("trtllm", "trtllm-disagg")}
+)
 """The (engine, transfer kind) pairs that exist."""
 
 

@@ -2,7 +2,7 @@
 
 ``base`` is the contract (read it first): the ``TransferProtocol`` the router runs a disaggregated request with, the
 ``EngineAdapter`` workers and observers use, and the engine-neutral types they exchange. One folder per engine
-implements it (``vllm/``; ``README.md`` says what a new one must provide). ``prom_text`` reads any engine's
+implements it (``vllm/``, ``sglang/``, ``trtllm/``; ``README.md`` says what a new one must provide). ``prom_text`` reads any engine's
 Prometheus ``/metrics`` page.
 
 Lookups: ``get_engine(name)``, ``engine_for(worker)`` (by ``RuntimeConfig.engine``), ``client_transfer_keys()`` (what
@@ -16,10 +16,12 @@ from types import MappingProxyType
 from typing import Final
 
 from litellm_disagg.engines.base import Engine
+from litellm_disagg.engines.sglang import SGLANG
+from litellm_disagg.engines.trtllm import TRTLLM
 from litellm_disagg.engines.vllm import VLLM
 from litellm_disagg.runtime_config import RuntimeConfig
 
-ENGINES: Final[Mapping[str, Engine]] = MappingProxyType({engine.name: engine for engine in (VLLM,)})
+ENGINES: Final[Mapping[str, Engine]] = MappingProxyType({engine.name: engine for engine in (VLLM, SGLANG, TRTLLM)})
 """Every engine by name (``RuntimeConfig.engine``). Read-only."""
 
 _CLIENT_KEYS: Final = frozenset(key for engine in ENGINES.values() for key in engine.transfer.client_keys)

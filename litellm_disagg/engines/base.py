@@ -1,6 +1,6 @@
 """The engine seam: what litellm-disagg needs from an inference engine, in engine-neutral types.
 
-An engine (vLLM today; SGLang and TensorRT-LLM later) is one folder under ``engines/`` that provides an ``Engine``: a
+An engine (vLLM, SGLang, TensorRT-LLM) is one folder under ``engines/`` that provides an ``Engine``: a
 ``TransferProtocol`` (how one request is split into a prefill and a decode call) and an ``EngineAdapter`` (how the
 engine is started and what it reports). ``engines/__init__`` lists the engines; a worker's ``RuntimeConfig.engine``
 names its engine (``engine_for``).
@@ -11,11 +11,17 @@ Transfer protocol, called by the router for each disaggregated request (all side
                                     returned (vLLM pulls the KV); True: both calls run at once (SGLang).
                                     ``client_keys`` are stripped from every client request, so no client chooses
                                     which remote KV a decode worker loads
-    prefill_body()                  the prefill request's JSON body, from the client's prompt fields; once per attempt
+    open_transfer()                 before the prefill: the handle the decode needs up front (concurrent protocols:
+                                    SGLang's bootstrap host, port and a fresh room), or None (sequential); once per
+                                    attempt; may draw random numbers, nothing else
+    prefill_body()                  the prefill request's JSON body, from the client's prompt fields (and the opened
+                                    handle, if any); once per attempt
     parse_prefill()                 the prefill's JSON response -> a typed ``TransferHandle``; raises
                                     ``InvalidTransfer`` when the response is unusable; once per successful prefill call
     decode_fields()                 a handle -> the keys merged into LiteLLM's request kwargs for the decode call;
-                                    once per handle
+                                    once per handle (concurrent: the opened one, before the prefill answered)
+    abort_decode()                  concurrent only: the engine request (path, JSON body) that ends a decode still
+                                    waiting for the handle's KV, sent when its prefill failed; None: no such request
 
 Engine adapter, used by workers (launch), the router's observers (metrics, KV events) and deployments::
 
@@ -34,8 +40,9 @@ KV events are engine-neutral named tuples (``BlockStored``, ``BlockRemoved``, ``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 from typing import Any, ClassVar, Literal, NamedTuple, Protocol
 
 from litellm_disagg.runtime_config import EngineName, RuntimeConfig, TransferSection, WorkerRole
@@ -77,6 +84,12 @@ class TransferProtocol(Protocol):
     client_keys: tuple[str, ...]
     """Request keys only the router may set; stripped from client requests (top level and ``extra_body``)."""
 
+    def open_transfer(
+        self, *, prefill: RuntimeConfig, decode: RuntimeConfig, request_id: str
+    ) -> TransferHandle | None:
+        """The handle known before the prefill runs (concurrent protocols), else None."""
+        ...
+
     def prefill_body(
         self,
         endpoint: Endpoint,
@@ -85,16 +98,25 @@ class TransferProtocol(Protocol):
         *,
         prefill: RuntimeConfig,
         decode: RuntimeConfig,
+        handle: TransferHandle | None = None,
     ) -> dict[str, Any]:
-        """The prefill request for the client's OpenAI ``fields``, addressed to ``served_model`` on ``prefill``."""
+        """The prefill request for the client's OpenAI ``fields``, addressed to ``served_model`` on ``prefill``;
+        ``handle``: what ``open_transfer`` returned."""
         ...
 
-    def parse_prefill(self, payload: Any, *, prefill: RuntimeConfig) -> TransferHandle:
+    def parse_prefill(
+        self, payload: Any, *, prefill: RuntimeConfig, handle: TransferHandle | None = None
+    ) -> TransferHandle:
         """The prefill's decoded JSON response as a handle. Raises ``InvalidTransfer`` when it is unusable."""
         ...
 
     def decode_fields(self, handle: TransferHandle) -> dict[str, Any]:
         """Keys to merge into LiteLLM's ``request_kwargs`` for the decode call."""
+        ...
+
+    def abort_decode(self, handle: TransferHandle) -> tuple[str, dict[str, Any]] | None:
+        """Concurrent protocols: (path on the decode worker's server, JSON body) that ends the decode waiting for
+        ``handle``'s KV. None: the engine has no such request (or the protocol is sequential)."""
         ...
 
 
@@ -140,6 +162,11 @@ class MetricNames:
     transfer_failures: str | None = None
     process_start: str = "process_start_time_seconds"
     """Gauge: when the engine process started (a change means a restart)."""
+    path: str = "metrics"
+    """Where the Prometheus page is, under the server root (TensorRT-LLM: ``prometheus/metrics``)."""
+    unreported_block_size: int | None = None
+    """Without ``cache_config_info``: the KV block (page) size the engine uses by default, published as the worker's
+    ``block_size`` (its capacity is then published as 0: unknown)."""
 
     @property
     def transfer_count(self) -> str | None:
@@ -190,6 +217,9 @@ class EngineLaunch:
     transfer: TransferSection
     kv_events_endpoint: str | None
     """Where routers subscribe to the engine's KV events (``RuntimeConfig.kv_events_endpoint``)."""
+    files: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Files the engine reads (absolute path -> text), written by the worker before it starts the engine
+    (TensorRT-LLM's ``--extra_llm_api_options`` YAML)."""
 
 
 # -- KV events ---------------------------------------------------------------------------------------------------------

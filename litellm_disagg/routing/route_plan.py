@@ -102,8 +102,11 @@ class RoutePlanner:
         )
         decode_selection = self.decode.select(ctx, decode_candidates)
         decode = decode_selection.worker or decode_candidates[0]
-        # A worker never prefills for itself: that is just aggregated serving.
-        prefill_candidates = filters.excluded((decode.worker_id,))(prefill_all)
+        # A worker never prefills for itself: that is just aggregated serving. KV moves only between workers of one
+        # engine (each engine has its own transfer protocol).
+        prefill_candidates = [
+            p for p in filters.excluded((decode.worker_id,))(prefill_all) if p.engine == decode.engine
+        ]
         prefill_selection = self.prefill.select(ctx, prefill_candidates)
         common = dict(
             prompt=prompt,

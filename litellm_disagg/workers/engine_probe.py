@@ -44,20 +44,22 @@ async def healthy(client: httpx.AsyncClient, server_url: str) -> bool:
         return False
 
 
-async def _page(client: httpx.AsyncClient, server_url: str) -> str:
+async def _page(client: httpx.AsyncClient, server_url: str, path: str = "metrics") -> str:
     try:
-        response = await client.get(f"{server_url}/metrics", timeout=5.0)
+        response = await client.get(f"{server_url}/{path}", timeout=5.0)
         response.raise_for_status()
     except httpx.HTTPError as exc:
-        raise ProbeError(f"cannot read {server_url}/metrics: {exc}") from exc
+        raise ProbeError(f"cannot read {server_url}/{path}: {exc}") from exc
     return response.text
 
 
 async def engine_facts(client: httpx.AsyncClient, server_url: str, metrics: MetricNames) -> EngineFacts:
     if metrics.cache_config_info is None:
+        if metrics.unreported_block_size is not None:
+            return EngineFacts(block_size=metrics.unreported_block_size, kv_capacity_blocks=0)
         raise ProbeError("this engine reports no cache config on /metrics")
     wanted = prom_text.Wanted((metrics.cache_config_info,))
-    for sample in prom_text.samples(await _page(client, server_url), wanted):
+    for sample in prom_text.samples(await _page(client, server_url, metrics.path), wanted):
         try:
             return EngineFacts(
                 block_size=int(sample.labels[metrics.block_size_label]),
@@ -73,7 +75,7 @@ async def engine_facts(client: httpx.AsyncClient, server_url: str, metrics: Metr
 
 async def engine_load(client: httpx.AsyncClient, server_url: str, metrics: MetricNames) -> EngineLoad:
     wanted = prom_text.Wanted((metrics.requests_running, metrics.requests_waiting, metrics.requests_finished))
-    totals = prom_text.sums(await _page(client, server_url), wanted)
+    totals = prom_text.sums(await _page(client, server_url, metrics.path), wanted)
     return EngineLoad(
         running=int(totals.get(metrics.requests_running, 0.0)),
         waiting=int(totals.get(metrics.requests_waiting, 0.0)),

@@ -24,6 +24,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TextIO
 
 import httpx
@@ -112,6 +113,8 @@ class WorkerWrapper:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
         argv = self.command or list(self.launch.argv)
+        for path, text in self.launch.files.items():
+            await asyncio.to_thread(Path(path).write_text, text)
         logger.info("starting %s (%s): %s", self.engine.name, self.spec.role.value, " ".join(argv))
         self._proc = await asyncio.create_subprocess_exec(
             *argv,

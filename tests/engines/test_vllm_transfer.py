@@ -95,16 +95,16 @@ def test_a_foreign_handle_is_refused():
 
 def test_engine_table_is_read_only_and_finds_a_workers_engine():
     vllm = get_engine("vllm")
-    assert engine_for(worker("w")) is vllm and ENGINES == {"vllm": vllm}
+    assert engine_for(worker("w")) is vllm and set(ENGINES) == {"vllm", "sglang", "trtllm"}
     assert vllm.adapter.provider_prefix == "hosted_vllm"
     assert vllm.transfer.name == "vllm-nixl"
     with pytest.raises(TypeError):
         ENGINES["other"] = vllm  # type: ignore[index]
     with pytest.raises(UnknownEngine):
-        get_engine("sglang")
+        get_engine("tgi")
 
 
 def test_client_transfer_keys_cover_every_engine():
     keys = client_transfer_keys()
-    assert isinstance(keys, frozenset) and keys == {"kv_transfer_params"}
+    assert isinstance(keys, frozenset) and "kv_transfer_params" in keys
     assert all(set(engine.transfer.client_keys) <= keys for engine in ENGINES.values())

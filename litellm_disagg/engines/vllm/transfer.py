@@ -114,6 +114,9 @@ class VllmNixlProtocol:
     concurrent = False
     client_keys: tuple[str, ...] = (PARAMS_KEY,)
 
+    def open_transfer(self, *, prefill: RuntimeConfig, decode: RuntimeConfig, request_id: str) -> None:
+        return None  # sequential: the decode's fields come from the prefill's answer
+
     def prefill_body(
         self,
         endpoint: Endpoint,
@@ -122,11 +125,17 @@ class VllmNixlProtocol:
         *,
         prefill: RuntimeConfig,
         decode: RuntimeConfig,
+        handle: TransferHandle | None = None,
     ) -> dict[str, Any]:
         return build_prefill_body(endpoint, served_model, fields)
 
-    def parse_prefill(self, payload: Any, *, prefill: RuntimeConfig) -> KVTransferParams:
+    def parse_prefill(
+        self, payload: Any, *, prefill: RuntimeConfig, handle: TransferHandle | None = None
+    ) -> KVTransferParams:
         return parse_transfer_params(payload)
+
+    def abort_decode(self, handle: TransferHandle) -> None:
+        return None  # sequential: no decode is waiting when a prefill fails
 
     def decode_fields(self, handle: TransferHandle) -> dict[str, Any]:
         if not isinstance(handle, KVTransferParams):

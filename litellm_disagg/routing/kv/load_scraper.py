@@ -70,6 +70,8 @@ class _LoadNames:
     """Prompt tokens by source; ``wanted`` keeps only those that arrived by transfer."""
     process_start: str
     wanted: prom_text.Wanted
+    path: str = "metrics"
+    """Where the page is, under the server root (``MetricNames.path``)."""
 
     @classmethod
     def of(cls, metrics: MetricNames) -> _LoadNames:
@@ -99,6 +101,7 @@ class _LoadNames:
                 labelled=(),  # only sums are needed; the one label that matters is a filter
                 where=by_source,
             ),
+            path=metrics.path,
         )
 
 
@@ -322,9 +325,10 @@ class LoadScraper:
     async def _scrape(self, worker_id: str, server_url: str) -> None:
         client = self._http()
         try:
-            response = await client.get(f"{server_url}/metrics", timeout=self.timeout_s)
+            names = self._names.get(worker_id, self._default_names)
+            response = await client.get(f"{server_url}/{names.path}", timeout=self.timeout_s)
             response.raise_for_status()
-            parsed, totals = _parse(response.text, self._names.get(worker_id, self._default_names))
+            parsed, totals = _parse(response.text, names)
             if parsed is None:
                 raise ValueError("no load metrics on the page")
         except (httpx.HTTPError, ValueError) as exc:
