@@ -10,18 +10,36 @@ Failure policy:
 - prefill 429, 5xx, timeout, connection error, unusable response: the next prefill worker, up to ``max_attempts``;
 - nothing left: aggregated (the decode worker computes the prompt itself), counted, unless that is turned off
   (``NoPrefillAvailable``).
+
+Concurrent protocols (SGLang's bootstrap rooms: ``TransferProtocol.concurrent``). The decode's fields are known
+before the prefill answers (``open_transfer``: the prefill worker's bootstrap address and a fresh room), so the
+prefill runs as a background task, counted in ``Accounting`` as a prefill flight, while ``run`` returns at once and
+LiteLLM's decode call proceeds; both workers then meet in the room. What a failure does:
+
+- before the prefill starts (no worker left, or only ones in cooldown): as above (the first attempt that can start
+  is the one sent; an attempt cannot fail before it is sent);
+- the background prefill fails (4xx, 429, 5xx, timeout, connection error): the decode is already on its way with a
+  room that no prefill will fill, and the engine would hold it until its own timeout (SGLang: 300 s). The
+  orchestrator never lets it wait: it puts the worker in failure cooldown (not for a 4xx) and ends the decode through
+  the engine (``abort_decode``: SGLang's ``/abort_request`` with the decode's ``rid``), repeated over
+  ``abort_window_s`` because the decode may reach its worker only after the prefill failed (a refused connection
+  fails in microseconds; an abort for a request the engine does not know yet is a no-op). The decode call then ends
+  with an error, and LiteLLM's retry runs the selection again: a new prefill worker (the failed one sits in cooldown)
+  with a new room. Without LiteLLM retries (``num_retries: 0``) the client gets that error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from litellm_disagg.engines import engine_for
-from litellm_disagg.engines.base import TransferHandle
+from litellm_disagg.engines.base import TransferHandle, TransferProtocol
 from litellm_disagg.observability import metrics
 from litellm_disagg.observability.requests import failover_cause
 from litellm_disagg.routing.accounting import Accounting, FlightKey
@@ -29,7 +47,7 @@ from litellm_disagg.routing.cooldown import FailureCooldown
 from litellm_disagg.routing.request import DisaggRequest
 from litellm_disagg.routing.route_plan import RoutePlan
 from litellm_disagg.runtime_config import RuntimeConfig
-from litellm_disagg.transfer.prefill import PrefillClient, PrefillUnavailable
+from litellm_disagg.transfer.prefill import PrefillClient, PrefillError, PrefillUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +84,18 @@ class Orchestrator:
         cooldown: FailureCooldown,
         max_attempts: int = 2,
         aggregated_fallback: bool = True,
+        abort_window_s: float = 10.0,
+        abort_interval_s: float = 0.25,
     ):
         self.prefill_client = prefill_client
         self.accounting = accounting
         self.cooldown = cooldown
         self.max_attempts = max_attempts
         self.aggregated_fallback = aggregated_fallback
+        self.abort_window_s = abort_window_s
+        """How long a failed concurrent prefill keeps ending its decode (the decode may arrive late)."""
+        self.abort_interval_s = abort_interval_s
+        self._background: set[asyncio.Task[None]] = set()
 
     async def run(self, request: DisaggRequest, plan: RoutePlan) -> Outcome:
         decode = plan.decode
@@ -88,6 +112,9 @@ class Orchestrator:
                 break
             prefill = healthy[0]
             remaining.remove(prefill)
+            protocol = engine_for(prefill).transfer
+            if protocol.concurrent:
+                return self._start_concurrent(request, plan, prefill, protocol)
             try:
                 return await self._prefill(request, plan, prefill)
             except PrefillUnavailable as exc:
@@ -127,3 +154,85 @@ class Orchestrator:
             reason=plan.reason,
             prefill_seconds=time.monotonic() - started,
         )
+
+    # -- concurrent protocols -----------------------------------------------------------------------------------------
+
+    def _start_concurrent(
+        self, request: DisaggRequest, plan: RoutePlan, prefill: RuntimeConfig, protocol: TransferProtocol
+    ) -> Outcome:
+        """Open the transfer, start the prefill in the background, return the decode's fields now."""
+        handle = protocol.open_transfer(prefill=prefill, decode=plan.decode, request_id=request.request_id)
+        if handle is None:
+            raise TypeError(f"concurrent protocol {protocol.name} opened no transfer")
+        body = protocol.prefill_body(
+            request.endpoint, prefill.model, request.fields, prefill=prefill, decode=plan.decode, handle=handle
+        )
+        # One flight per attempt: a retry of the same request must not end this one's entry, nor this one the retry's.
+        key = FlightKey.prefill(f"{request.request_id}/{uuid.uuid4().hex[:12]}")
+        self.accounting.start(key, prefill.worker_id, prefill_tokens=plan.prefill_tokens_on(prefill.worker_id))
+        task = asyncio.create_task(
+            self._background_prefill(request, plan, prefill, protocol, body, handle, key),
+            name=f"prefill-{request.request_id}",
+        )
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        metrics.REQUESTS.labels(plan.decode.model, Mode.DISAGGREGATED.value).inc()
+        return Outcome(
+            Mode.DISAGGREGATED,
+            plan.decode,
+            prefill.worker_id,
+            handle,
+            protocol.decode_fields(handle),
+            reason=plan.reason,
+        )
+
+    async def _background_prefill(
+        self,
+        request: DisaggRequest,
+        plan: RoutePlan,
+        prefill: RuntimeConfig,
+        protocol: TransferProtocol,
+        body: dict[str, Any],
+        handle: TransferHandle,
+        key: FlightKey,
+    ) -> None:
+        try:
+            await self.prefill_client.prefill(
+                worker=prefill,
+                protocol=protocol,
+                endpoint=request.endpoint,
+                body=body,
+                request_id=request.request_id,
+                handle=handle,
+            )
+        except Exception as exc:  # PrefillError, or the client closing under it: either way no KV will come
+            if isinstance(exc, PrefillUnavailable):
+                metrics.PREFILL_FAILOVERS.labels(plan.decode.model, prefill.worker_id, failover_cause(exc)).inc()
+                self.cooldown.failed(prefill.worker_id)
+            level = logging.WARNING if isinstance(exc, PrefillError) else logging.ERROR
+            logger.log(level, "request %s: concurrent prefill failed (%s); ending its decode", request.request_id, exc)
+            self.accounting.finish(key)
+            await self._abort_decode(plan.decode, protocol, handle)
+        finally:
+            self.accounting.finish(key)
+
+    async def _abort_decode(self, decode: RuntimeConfig, protocol: TransferProtocol, handle: TransferHandle) -> None:
+        abort = protocol.abort_decode(handle)
+        if abort is None:
+            return
+        path, body = abort
+        metrics.DECODE_ABORTS.labels(decode.worker_id).inc()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.abort_window_s
+        while True:
+            await self.prefill_client.post_control(decode, path, body)
+            if loop.time() + self.abort_interval_s > deadline:
+                return
+            await asyncio.sleep(self.abort_interval_s)
+
+    async def aclose(self) -> None:
+        """Cancel the background prefills still running (the router is closing)."""
+        tasks = list(self._background)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -58,8 +58,10 @@ class PrefillClient:
         body: dict[str, Any],
         request_id: str,
         headers: dict[str, str] | None = None,
+        handle: TransferHandle | None = None,
     ) -> TransferHandle:
-        """POST ``body`` (built by ``protocol.prefill_body``) to ``worker``'s ``endpoint``; the parsed handle."""
+        """POST ``body`` (built by ``protocol.prefill_body``) to ``worker``'s ``endpoint``; the parsed handle.
+        ``handle``: what ``protocol.open_transfer`` returned for this attempt (concurrent protocols)."""
         worker_id = worker.worker_id
         url = f"{worker.base_url}/{endpoint.value}"
         try:
@@ -76,11 +78,21 @@ class PrefillClient:
         if response.status_code != 200:
             raise PrefillUnavailable(f"prefill on {worker_id} answered {response.status_code}", worker_id=worker_id)
         try:
-            return protocol.parse_prefill(response.json(), prefill=worker)
+            return protocol.parse_prefill(response.json(), prefill=worker, handle=handle)
         except (json.JSONDecodeError, UnicodeDecodeError, InvalidTransfer) as exc:
             raise PrefillUnavailable(
                 f"prefill on {worker_id} returned no usable transfer ({protocol.name}): {exc}", worker_id=worker_id
             ) from exc
+
+    async def post_control(self, worker: RuntimeConfig, path: str, body: dict[str, Any]) -> int | None:
+        """POST a control request (an engine's abort) to ``worker``'s server root; its status, None if unreachable.
+        Best effort: never raises for the worker's answer or its absence."""
+        try:
+            response = await self._client.post(f"{worker.server_url}/{path}", json=body)
+        except httpx.HTTPError as exc:
+            logger.debug("control request %s to %s failed: %s", path, worker.worker_id, exc)
+            return None
+        return response.status_code
 
     async def aclose(self) -> None:
         await self._client.aclose()

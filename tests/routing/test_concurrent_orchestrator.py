@@ -1,0 +1,110 @@
+"""Concurrent orchestration (SGLang's bootstrap rooms): the decode's fields before the prefill answers, the prefill
+as a background prefill flight, and a failed prefill that ends its decode instead of leaving it to wait."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from litellm_disagg.engines.base import Endpoint
+from litellm_disagg.routing.accounting import Accounting
+from litellm_disagg.routing.cooldown import FailureCooldown
+from litellm_disagg.routing.orchestrator import Mode, Orchestrator
+from litellm_disagg.routing.request import DisaggRequest
+from litellm_disagg.routing.route_plan import RoutePlan
+from litellm_disagg.runtime_config import RuntimeConfig, SglangBootstrapTransfer
+from litellm_disagg.transfer.prefill import PrefillClient
+
+
+def sglang(name: str, role: str) -> RuntimeConfig:
+    return RuntimeConfig(worker_id=name, model="m", role=role, engine="sglang", base_url=f"http://{name}/v1",
+                         transfer=SglangBootstrapTransfer(host=f"{name}.bootstrap", port=8998),
+                         kv_capacity_blocks=100, block_size=1, state="ready")
+
+
+DECODE = sglang("d", "decode")
+REQ = DisaggRequest(endpoint=Endpoint.CHAT, fields={"messages": [{"role": "user", "content": "x"}]}, request_id="r1")
+
+
+class Workers:
+    """Prefill workers behind a MockTransport: each answers when its gate opens, with a status."""
+
+    def __init__(self, status: dict[str, int | str]):
+        self.status = status
+        self.gate = asyncio.Event()
+        self.calls: list[tuple[str, str, dict]] = []
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        import json
+
+        body = json.loads(request.content)
+        self.calls.append((request.url.host, request.url.path, body))
+        if request.url.path == "/abort_request":
+            return httpx.Response(200)
+        await self.gate.wait()
+        what = self.status[request.url.host]
+        if what == "refused":
+            raise httpx.ConnectError("refused", request=request)
+        return httpx.Response(int(what), json={"choices": [{"index": 0, "message": {"content": "t"}}]})
+
+
+def orchestrator(workers: Workers, **kwargs) -> tuple[Orchestrator, Accounting, FailureCooldown]:
+    client = PrefillClient(client=httpx.AsyncClient(transport=httpx.MockTransport(workers.handle)))
+    accounting, cooldown = Accounting(), FailureCooldown()
+    orch = Orchestrator(prefill_client=client, accounting=accounting, cooldown=cooldown,
+                        abort_window_s=kwargs.pop("abort_window_s", 0.0), abort_interval_s=0.01, **kwargs)
+    return orch, accounting, cooldown
+
+
+async def settle(orch: Orchestrator) -> None:
+    while orch._background:
+        await asyncio.gather(*list(orch._background))
+
+
+async def test_decode_fields_come_before_the_prefill_answers_and_the_prefill_is_a_flight():
+    workers = Workers({"p1": 200})
+    orch, accounting, _ = orchestrator(workers)
+    plan = RoutePlan(DECODE, (sglang("p1", "prefill"), sglang("p2", "prefill")), None, "test")
+    outcome = await orch.run(REQ, plan)  # returns while the prefill is still held at the gate
+    assert outcome.mode is Mode.DISAGGREGATED and outcome.prefill_worker_id == "p1"
+    fields = outcome.decode_fields
+    assert fields["bootstrap_host"] == "p1.bootstrap" and fields["bootstrap_port"] == 8998
+    await asyncio.sleep(0.01)
+    (host, path, body), = workers.calls
+    assert (host, path) == ("p1", "/v1/chat/completions")
+    assert body["bootstrap_room"] == fields["bootstrap_room"] and body["stream"] is False  # the same room
+    assert accounting.requests("p1") == 1  # counted as a prefill flight while it runs
+    workers.gate.set()
+    await settle(orch)
+    assert accounting.requests("p1") == 0 and len(accounting) == 0
+    assert [c for c in workers.calls if c[1] == "/abort_request"] == []
+
+
+@pytest.mark.parametrize("failure", [503, 429, "refused", 400])
+async def test_a_failed_prefill_ends_its_decode_and_cools_down(failure):
+    workers = Workers({"p1": failure})
+    workers.gate.set()
+    orch, accounting, cooldown = orchestrator(workers, abort_window_s=0.05)
+    plan = RoutePlan(DECODE, (sglang("p1", "prefill"), sglang("p2", "prefill")), None, "test")
+    outcome = await orch.run(REQ, plan)
+    await settle(orch)
+    aborts = [(host, body) for host, path, body in workers.calls if path == "/abort_request"]
+    # The decode is told to stop waiting, by its rid, more than once (it may reach its worker after the failure).
+    assert len(aborts) >= 2 and all(a == ("d", {"rid": outcome.decode_fields["rid"]}) for a in aborts)
+    assert len(accounting) == 0
+    assert cooldown.prefer_healthy([sglang("p1", "prefill"), sglang("p2", "prefill")])[0].worker_id == (
+        "p1" if failure == 400 else "p2"  # a rejected request says nothing about the worker
+    )
+
+
+async def test_a_retry_gets_a_new_room_on_the_next_healthy_worker():
+    workers = Workers({"p1": 503, "p2": 200})
+    workers.gate.set()
+    orch, _, _ = orchestrator(workers)
+    plan = RoutePlan(DECODE, (sglang("p1", "prefill"), sglang("p2", "prefill")), None, "test")
+    first = await orch.run(REQ, plan)
+    await settle(orch)
+    second = await orch.run(REQ, plan)  # LiteLLM's retry runs the selection again; p1 now cools down
+    await settle(orch)
+    assert second.prefill_worker_id == "p2" and second.decode_fields["bootstrap_host"] == "p2.bootstrap"
+    assert second.decode_fields["bootstrap_room"] != first.decode_fields["bootstrap_room"]
