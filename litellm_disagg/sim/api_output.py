@@ -54,7 +54,7 @@ async def sse_events(prepared: Prepared, stream: RequestStream, *, chat: bool) -
     except EngineDead as exc:
         # As vLLM reports an engine failure mid-stream. After a crash the connection is already reset and
         # nothing of this reaches the client.
-        error = {"message": str(exc), "type": "ServiceUnavailableError", "param": None, "code": 503}
+        error = {"message": str(exc), "type": exc.error_type, "param": None, "code": exc.status}
         yield event({"error": error})
         yield "data: [DONE]\n\n"
     finally:

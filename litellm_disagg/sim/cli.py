@@ -1,6 +1,7 @@
 """``python -m litellm_disagg.sim``: run a simulated cluster, registered in a file registry, until SIGTERM/SIGINT.
 
     python -m litellm_disagg.sim --prefill 2 --decode 2 --model sim-model --registry-dir DIR [--speedup 50]
+                                 [--engine vllm|sglang|trtllm]
 
 Prints one ``READY <worker_id> <base_url>`` line per worker. On SIGTERM or SIGINT every worker drains (DRAINING,
 waits for its in-flight work, withdraws) and the command exits 0; a second signal stops at once. Every other setting
@@ -31,6 +32,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decode", type=int, default=1, help="decode workers (default 1)")
     p.add_argument("--both", type=int, default=0, help="workers that do both (default 0)")
     p.add_argument("--model", help="served model name (default: sim-model)")
+    p.add_argument(
+        "--engine",
+        choices=("vllm", "sglang", "trtllm"),
+        help="which engine's transfer protocol, transfer section and metric names the workers use (default vllm)",
+    )
     p.add_argument("--name", default=f"sim{os.getpid()}", help="worker id prefix (default: sim<pid>)")
     p.add_argument(
         "--registry-dir",
@@ -72,6 +78,8 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         top["timing"] = TimingSettings.model_validate({**top["timing"], "speedup": args.speedup})
     if args.model:
         top["model"] = args.model
+    if args.engine:
+        top["engine_name"] = args.engine
     if args.kv_events:
         top["kv_events"] = True
     return SimSettings.model_validate(top)

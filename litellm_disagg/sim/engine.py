@@ -11,7 +11,13 @@ lease expiry.
 A decode request with ``remote`` KV is pulled by a task of its own (``_pull``): find the prefill engine in the
 directory, check its lease (same prompt tokens), wait the transfer time, check again (it may have crashed or let the
 lease expire meanwhile), release the lease; any failure means the decode computes the prompt itself and
-``nixl_failed_transfers`` counts it.
+``nixl_failed_transfers`` counts it (TensorRT-LLM's generation servers fail the request instead).
+
+SGLang's push (``settings.engine_name == "sglang"``, ``bootstrap.py``): a decode request with a bootstrap room
+registers it at the prefill engine (found in the directory by its bootstrap address) and waits (``_await_push``);
+the prefill engine, once the prompt is computed, waits for that registration, "writes" the KV (the transfer time)
+and resolves the room (``_push``). Either side's timeout or failure fails the request with ``TransferFailed`` (HTTP
+500), as SGLang aborts it.
 """
 
 from __future__ import annotations
@@ -25,23 +31,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from litellm_disagg.runtime_config import WorkerRole
+from litellm_disagg.sim.bootstrap import BootstrapRooms
 from litellm_disagg.sim.directory import DIRECTORY, EngineDirectory
+from litellm_disagg.sim.disagg_input import encode_opaque_state
+from litellm_disagg.sim.errors import EngineDead, TransferFailed
 from litellm_disagg.sim.kv_cache import BlockPool
 from litellm_disagg.sim.kv_events import KVEvent
 from litellm_disagg.sim.publisher import KVEventPublisher
+from litellm_disagg.sim.push import BootstrapPush
 from litellm_disagg.sim.request import FinishReason, Lease, RemotePrefill, SimRequest
 from litellm_disagg.sim.scheduler import RequestOutput, Scheduler
 from litellm_disagg.sim.settings import SimSettings
 from litellm_disagg.sim.stats import EngineStats
+from litellm_disagg.sim.textgen import output_token, prompt_digest
 from litellm_disagg.sim.timing import TimingModel
 
 logger = logging.getLogger(__name__)
 
 MAX_LAG_S = 0.05
-
-
-class EngineDead(Exception):
-    """The engine stopped or crashed while the request was in flight."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +85,7 @@ class RequestStream:
         self.engine.abort(self.request.request_id)
 
 
-class SimEngine:
+class SimEngine(BootstrapPush):
     def __init__(
         self,
         settings: SimSettings,
@@ -112,6 +119,10 @@ class SimEngine:
         )
         self._streams: dict[str, RequestStream] = {}
         self._pulls: dict[str, asyncio.Task[None]] = {}
+        self._pushes: set[asyncio.Task[None]] = set()
+        self.rooms = BootstrapRooms()
+        self.rids: dict[str, str] = {}
+        """SGLang ``rid`` -> internal request id, for ``/abort_request``."""
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._ids = 0
@@ -151,8 +162,9 @@ class SimEngine:
             return
         self.alive = False
         self.directory.unregister(self.engine_id)
-        for task in self._pulls.values():
+        for task in [*self._pulls.values(), *self._pushes]:
             task.cancel()
+        self.rooms.fail_all(f"the prefill engine {self.engine_id} is gone")
         for stream in self._streams.values():
             stream._put(why)
         self._streams.clear()
@@ -170,12 +182,37 @@ class SimEngine:
         self.scheduler.add(request)
         stream = RequestStream(self, request)
         self._streams[request.request_id] = stream
+        if request.rid is not None:
+            self.rids[request.rid] = request.request_id
         self._wake.set()
         return stream
+
+    def fail_request(self, request_id: str, why: str) -> bool:
+        """End a request with ``TransferFailed`` (its KV will not come); False if it is not in flight."""
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return False
+        self.abort(request_id)
+        stream._put(TransferFailed(why))
+        return True
+
+    def abort_rid(self, rid: str) -> bool:
+        """SGLang's ``/abort_request``: a decode still waiting for its KV fails (500); one already running is cut
+        short (``finish_reason: abort``). False when no request has that rid."""
+        request_id = self.rids.pop(rid, None)
+        if request_id is None:
+            return False
+        req = self.scheduler.get(request_id)
+        if req is not None and req.remote is not None and not req.output_token_ids:
+            return self.fail_request(request_id, f"Abort request {rid} while waiting for its KV")
+        self.abort(request_id)
+        return True
 
     def abort(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
         req = self.scheduler.abort(request_id)
+        if req is not None and req.rid is not None:
+            self.rids.pop(req.rid, None)
         pull = self._pulls.pop(request_id, None)
         if pull is not None:
             pull.cancel()
@@ -197,8 +234,20 @@ class SimEngine:
         if self.scheduler.release_lease(request_id):
             self._wake.set()
 
-    def transfer_params(self, lease: Lease) -> dict[str, Any]:
-        """The ``kv_transfer_params`` of a finished prefill, shaped like vLLM's NixlConnector's."""
+    def transfer_params(self, lease: Lease) -> dict[str, Any] | None:
+        """What a finished prefill answers for its decode: vLLM's ``kv_transfer_params``; TensorRT-LLM's
+        ``disaggregated_params`` (the server puts them in the choice); nothing for SGLang (the KV is pushed)."""
+        name = self.settings.engine_name
+        if name == "sglang":
+            return None
+        if name == "trtllm":
+            return {
+                "request_type": "context_only",
+                "first_gen_tokens": [output_token(prompt_digest(lease.token_ids), 0)],
+                "ctx_request_id": int.from_bytes(prompt_digest((self._ids,))[:7], "big"),
+                "encoded_opaque_state": encode_opaque_state(self.engine_id, lease.request_id, list(lease.block_ids)),
+                "draft_tokens": None,
+            }
         return {
             "do_remote_prefill": True,
             "do_remote_decode": False,
@@ -235,7 +284,8 @@ class SimEngine:
                 self._flush_events()
             step = self.scheduler.schedule()
             for req in step.transfers:
-                self._pulls[req.request_id] = asyncio.create_task(self._pull(req), name=f"sim-pull-{req.request_id}")
+                wait = self._await_push(req) if req.remote and req.remote.push_room is not None else self._pull(req)
+                self._pulls[req.request_id] = asyncio.create_task(wait, name=f"sim-kv-{req.request_id}")
             work = step.work
             if work.empty:
                 self._flush_events()
@@ -260,12 +310,23 @@ class SimEngine:
             params = self.transfer_params(out.lease) if out.lease is not None else None
             if out.finished:
                 self._streams.pop(rid, None)
+                if out.request.rid is not None:
+                    self.rids.pop(out.request.rid, None)
             if stream is None:
                 if out.lease is not None:
                     self.scheduler.release_lease(rid)  # nobody will hand these params to a decode
+                    if out.request.push_room is not None:
+                        self.rooms.fail(out.request.push_room, f"prefill request {rid} was aborted")
                 continue
             reason = out.request.finish_reason if out.finished else None
-            stream._put(Delta(out.new_token_ids, out.finished, reason, params))
+            delta = Delta(out.new_token_ids, out.finished, reason, params)
+            if out.lease is not None and out.request.push_room is not None:
+                self._streams[rid] = stream  # still in flight until the push is done
+                task = asyncio.create_task(self._push(out.request, out.lease, stream, delta), name=f"sim-push-{rid}")
+                self._pushes.add(task)
+                task.add_done_callback(self._pushes.discard)
+                continue
+            stream._put(delta)
 
     def publish_pending_events(self) -> None:
         """Send the KV events gathered since the last step (the step loop calls this after every step)."""
@@ -306,6 +367,9 @@ class SimEngine:
             source.release_kv_lease(remote.request_id)
         if ok:
             self.scheduler.remote_kv_loaded(req.request_id)
+        elif remote.fail_on_error:
+            self.stats.nixl_failed_transfers += 1
+            self.fail_request(req.request_id, f"KV transfer from {remote.engine_id} failed")
         else:
             self.stats.nixl_failed_transfers += 1
             logger.info(

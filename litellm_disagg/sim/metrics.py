@@ -2,7 +2,8 @@
 
 Every sample carries ``model_name`` and ``engine`` (vLLM's engine index, "0"). What the router and the worker wrapper
 read: ``vllm:num_requests_running`` / ``_waiting``, ``vllm:request_success_total``, and ``vllm:cache_config_info``
-(its ``block_size`` and ``num_gpu_blocks`` labels). Each worker has its own collector registry, so many simulated
+(its ``block_size`` and ``num_gpu_blocks`` labels). A worker standing in for SGLang or TensorRT-LLM also reports the
+running, waiting, KV-use and finished figures under that engine's names (``engines/<name>/metrics.py``). Each worker has its own collector registry, so many simulated
 workers can live in one process.
 """
 
@@ -14,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from litellm_disagg.engines import get_engine
 from litellm_disagg.sim.engine import SimEngine
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -40,6 +42,12 @@ class EngineCollector(Collector):
             c.add_metric(ids, value)
             return c
 
+        names = get_engine(e.settings.engine_name).adapter.metrics
+        if e.settings.engine_name != "vllm":  # the core figures under the engine's own names too
+            yield gauge(names.requests_running, "Requests running.", e.scheduler.num_running)
+            yield gauge(names.requests_waiting, "Requests waiting.", e.scheduler.num_waiting)
+            yield gauge(names.kv_cache_usage, "KV cache usage, 0..1.", e.pool.usage)
+            yield counter(names.requests_finished.removesuffix("_total"), "Requests finished.", s.finished)
         yield gauge(
             "vllm:num_requests_running", "Number of requests in model execution batches.", e.scheduler.num_running
         )

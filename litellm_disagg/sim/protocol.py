@@ -62,6 +62,14 @@ class _Request(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = False
     kv_transfer_params: dict[str, Any] | None = None
+    bootstrap_host: str | None = None
+    """SGLang: the prefill worker's bootstrap server (with ``bootstrap_port`` and ``bootstrap_room``)."""
+    bootstrap_port: int | None = None
+    bootstrap_room: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    rid: str | None = None
+    """SGLang: the request's name, for ``/abort_request``."""
+    disaggregated_params: dict[str, Any] | None = None
+    """TensorRT-LLM: ``request_type`` context_only / generation_only and the context server's state."""
 
     @field_validator("n")
     @classmethod

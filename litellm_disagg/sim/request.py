@@ -36,6 +36,10 @@ class RemotePrefill:
     block_ids: tuple[int, ...] | None = None
     host: str | None = None
     port: int | None = None
+    push_room: int | None = None
+    """SGLang: the prefill engine pushes the KV into this bootstrap room (``engine_id`` is its bootstrap server)."""
+    fail_on_error: bool = False
+    """When the KV does not arrive: fail the request (SGLang, TensorRT-LLM), not recompute the prompt (vLLM)."""
 
 
 @dataclass
@@ -60,6 +64,10 @@ class SimRequest:
     """Prefill side of the NIXL protocol: keep the blocks for a decode engine when finished."""
     remote: RemotePrefill | None = None
     """Decode side of the NIXL protocol: pull the prompt's KV from there instead of computing it."""
+    push_room: int | None = None
+    """Prefill side of SGLang's protocol: when computed, push the KV to the decode registered in this room."""
+    rid: str | None = None
+    """The client's name for the request (SGLang's ``rid``), by which ``/abort_request`` finds it."""
 
     status: RequestStatus = RequestStatus.WAITING
     all_token_ids: list[int] = field(default_factory=list)

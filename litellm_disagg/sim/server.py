@@ -5,6 +5,11 @@
     GET  /health                                  200, or 503 while ``ServerState.healthy`` is False
     GET  /v1/models, /version, /metrics
     POST /reset_prefix_cache                      (vLLM's dev-mode endpoint, to reset caches between benchmark arms)
+    POST /abort_request                           SGLang's: ``{"rid"}`` ends that request (always 200)
+    GET  /prometheus/metrics                      the same page, where ``trtllm-serve`` serves it
+
+The transfer fields of a generation request are read per ``settings.engine_name`` (``disagg_input``); a request
+whose KV never arrives fails with 500 under SGLang and TensorRT-LLM (vLLM recomputes).
 
 Errors are vLLM's JSON: ``{"error": {"message", "type", "param", "code"}}`` with 400 for bad input (invalid JSON,
 wrong types, n != 1, a prompt that does not fit ``max_model_len``), 404 for an unknown model, 503 when the engine is
@@ -36,9 +41,10 @@ from litellm_disagg.sim.api_input import (
     validate,
 )
 from litellm_disagg.sim.api_output import collect_or_abort, full_response, sse_events
+from litellm_disagg.sim.disagg_input import transfer_request
 from litellm_disagg.sim.engine import EngineDead, SimEngine
 from litellm_disagg.sim.metrics import CONTENT_TYPE, registry_for, render
-from litellm_disagg.sim.protocol import DetokenizeRequest, TokenizeRequest, remote_prefill, wants_remote_decode
+from litellm_disagg.sim.protocol import DetokenizeRequest, TokenizeRequest
 from litellm_disagg.sim.request import SimRequest
 from litellm_disagg.version import __version__
 
@@ -56,6 +62,8 @@ def build_app(engine: SimEngine, state: ServerState | None = None) -> Starlette:
             Route("/v1/models", api.models, methods=["GET"]),
             Route("/version", api.version, methods=["GET"]),
             Route("/metrics", api.metrics, methods=["GET"]),
+            Route("/prometheus/metrics", api.metrics, methods=["GET"]),
+            Route("/abort_request", api.abort_request, methods=["POST"]),
             Route("/tokenize", api.tokenize, methods=["POST"]),
             Route("/detokenize", api.detokenize, methods=["POST"]),
             Route("/reset_prefix_cache", api.reset_prefix_cache, methods=["POST"]),
@@ -107,6 +115,16 @@ class SimApi:
         self.engine.publish_pending_events()
         return Response(status_code=200)
 
+    async def abort_request(self, request: Request) -> Response:
+        try:
+            body = await read_json(request)
+        except ApiError as exc:
+            return exc.response()
+        rid = body.get("rid")
+        if isinstance(rid, str):
+            self.engine.abort_rid(rid)
+        return Response(status_code=200)
+
     async def tokenize(self, request: Request) -> Response:
         try:
             body = validate(TokenizeRequest, await read_json(request))
@@ -139,13 +157,18 @@ class SimApi:
         try:
             prepared = prepare(await read_json(request), chat=chat, base_id=base_id, model=self.model)
             limit, reason = budget(prepared, self.engine.settings.engine)
+            transfer = transfer_request(self.engine.settings.engine_name, self.engine.role, prepared.body)
+            if transfer.one_token:
+                limit, reason = 1, "length"
             sim = SimRequest(
                 request_id=self.engine.new_request_id(prepared.request_id),
                 prompt_token_ids=prepared.prompt_ids,
                 max_output_tokens=limit,
                 limit_reason=reason,
-                do_remote_decode=wants_remote_decode(prepared.body.kv_transfer_params),
-                remote=remote_prefill(prepared.body.kv_transfer_params),
+                do_remote_decode=transfer.do_remote_decode,
+                remote=transfer.remote,
+                push_room=transfer.push_room,
+                rid=prepared.body.rid,
             )
             try:
                 stream = self.engine.add_request(sim)
@@ -158,8 +181,14 @@ class SimApi:
             return StreamingResponse(events, media_type="text/event-stream", headers=headers)
         try:
             deltas = await collect_or_abort(request, stream)
-        except EngineDead as exc:
-            return ApiError(503, str(exc), "ServiceUnavailableError").response(headers)
+        except EngineDead as exc:  # TransferFailed: 500, as SGLang and TensorRT-LLM fail such a request
+            return ApiError(exc.status, str(exc), exc.error_type).response(headers)
         if deltas is None:
             return Response(status_code=499)  # the client went away; nobody reads this
-        return JSONResponse(full_response(prepared, stream.request, deltas, chat=chat), headers=headers)
+        answer = full_response(prepared, stream.request, deltas, chat=chat)
+        params = answer.pop("kv_transfer_params", None)
+        if self.engine.settings.engine_name == "vllm":
+            answer["kv_transfer_params"] = params
+        elif params is not None:  # TensorRT-LLM puts its disaggregated_params in the choice
+            answer["choices"][0]["disaggregated_params"] = params
+        return JSONResponse(answer, headers=headers)

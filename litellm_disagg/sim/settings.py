@@ -18,6 +18,8 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from litellm_disagg.runtime_config import EngineName
+
 Positive = Annotated[float, Field(gt=0)]
 
 
@@ -65,6 +67,12 @@ class EngineSettings(BaseModel):
     """Mean completion length when a request gives no max_tokens (the length is drawn from the prompt, 1..2x-1)."""
     kv_lease_timeout_s: Positive = 480.0
     """Wall seconds a prefill worker keeps a finished prefill's blocks for its decode (vLLM's abort timeout)."""
+    bootstrap_timeout_s: Positive = 300.0
+    """SGLang prefill side: wall seconds a computed prompt waits for its decode to register the bootstrap room
+    (``SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT``)."""
+    waiting_timeout_s: Positive = 300.0
+    """SGLang decode side: wall seconds a registered room waits for its KV
+    (``SGLANG_DISAGGREGATION_WAITING_TIMEOUT``)."""
 
     @model_validator(mode="after")
     def _fits(self) -> EngineSettings:
@@ -85,6 +93,9 @@ class SimSettings(BaseSettings):
 
     model: Annotated[str, Field(min_length=1, max_length=256)] = "sim-model"
     """The served model name (what clients and the router put in ``model``)."""
+    engine_name: EngineName = "vllm"
+    """Which engine the worker stands in for: its transfer protocol, the transfer section it publishes and the
+    metric names of its ``/metrics`` (vLLM's are always there too)."""
     timing: TimingSettings = Field(default_factory=TimingSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     kv_events: bool = False

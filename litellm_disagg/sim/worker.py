@@ -10,7 +10,10 @@ Lifecycle (the discovery side is ``workers.lifecycle``, shared with the vLLM wor
     stop:  withdraw, then stop at once
 
 The NIXL side-channel port published in the RuntimeConfig is a real port reserved (bound, never listening) for the
-worker's lifetime, so it is unique among everything on the machine. A worker without a registry is reachable by its
+worker's lifetime, so it is unique among everything on the machine. A worker standing in for another engine
+(``settings.engine_name``) publishes that engine's transfer section instead: SGLang's bootstrap server on the reserved
+port (its engine is listed in the directory under that address, where decode engines look for it), TensorRT-LLM's
+(nothing to dial). A worker without a registry is reachable by its
 URL only: its lifecycle publishes to ``_Unlisted``, which keeps nothing.
 """
 
@@ -25,7 +28,16 @@ from enum import StrEnum
 import uvicorn
 
 from litellm_disagg.discovery.registry import Registry
-from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState
+from litellm_disagg.runtime_config import (
+    RuntimeConfig,
+    SglangBootstrapTransfer,
+    TransferSection,
+    TrtllmDisaggTransfer,
+    VllmNixlTransfer,
+    WorkerRole,
+    WorkerState,
+)
+from litellm_disagg.sim.disagg_input import bootstrap_engine_id
 from litellm_disagg.sim.directory import DIRECTORY, EngineDirectory
 from litellm_disagg.sim.engine import SimEngine
 from litellm_disagg.sim.publisher import KVEventPublisher
@@ -113,13 +125,22 @@ class SimWorker:
             worker_id=self.worker_id,
             model=self.settings.model,
             role=self.role,
+            engine=self.settings.engine_name,
             base_url=self.base_url,
-            transfer=VllmNixlTransfer(host=self.host, port=nixl_port),
+            transfer=self._transfer_section(nixl_port),
             kv_capacity_blocks=self.settings.engine.num_gpu_blocks,
             block_size=self.settings.engine.block_size,
             kv_events_endpoint=self.kv_events_endpoint,
             state=WorkerState.READY,
         )
+
+    def _transfer_section(self, port: int) -> TransferSection:
+        name = self.settings.engine_name
+        if name == "sglang":
+            return SglangBootstrapTransfer(host=self.host, port=port)
+        if name == "trtllm":
+            return TrtllmDisaggTransfer()
+        return VllmNixlTransfer(host=self.host, port=port)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
 
@@ -131,9 +152,11 @@ class SimWorker:
         nixl_port = int(self._nixl_sock.getsockname()[1])
         if self.settings.kv_events:
             self.publisher = KVEventPublisher(topic=self.settings.kv_events_topic, host=self.host)
+        sglang = self.settings.engine_name == "sglang"
         self.engine = SimEngine(
             self.settings,
             self.role,
+            engine_id=bootstrap_engine_id(self.host, nixl_port) if sglang else None,
             nixl_host=self.host,
             nixl_port=nixl_port,
             directory=self.directory,
