@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from litellm_disagg.http_client import pooled_client
+
 from bench.serving.arms import Arm, Placement, pinned_group
 from bench.serving.workloads import Schedule, Session, conversation
 
@@ -37,8 +39,9 @@ async def run(schedule: Schedule, *, arm: Arm, base_url: str, key: str, model: s
     """Returns every request's result and the run's wall time (first start to last end)."""
     placement = Placement(arm.name, workers) if arm.pinned else None
     results: list[RequestResult] = []
-    limits = httpx.Limits(max_connections=concurrency_limit, max_keepalive_connections=concurrency_limit)
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(600, connect=10), limits=limits) as client:
+    # Safe against the keep-alive race with the proxy (litellm_disagg.http_client's docstring).
+    async with pooled_client(base_url=base_url, timeout=httpx.Timeout(600, connect=10), max_connections=concurrency_limit,
+                             max_keepalive_connections=concurrency_limit) as client:
         t0 = time.monotonic()
 
         async def one_session(session: Session) -> None:

@@ -84,3 +84,14 @@ def _same(current: Deployment, wanted: dict[str, Any]) -> bool:
         and params.api_base == wanted["litellm_params"]["api_base"]
         and params.model == wanted["litellm_params"]["model"]
     )
+
+
+def operator_groups(router: Any) -> frozenset[str]:
+    """Model groups with deployments the operator configured (not made by this module): discovery never joins them."""
+    groups = set()
+    for deployment in getattr(router, "model_list", None) or []:
+        if worker_id_of(deployment) is None:
+            name = deployment.get("model_name") if isinstance(deployment, dict) else getattr(deployment, "model_name", None)
+            if isinstance(name, str):
+                groups.add(name)
+    return frozenset(groups)

@@ -17,6 +17,8 @@ from typing import Any
 
 import httpx
 
+from litellm_disagg.http_client import pooled_client
+
 from litellm_disagg.engines.base import Endpoint, InvalidTransfer, TransferHandle, TransferProtocol
 from litellm_disagg.runtime_config import RuntimeConfig
 
@@ -44,9 +46,10 @@ class PrefillClient:
     """Sends prefill requests. One pooled ``httpx.AsyncClient`` for all workers."""
 
     def __init__(self, *, timeout_s: float = 120.0, connect_timeout_s: float = 5.0, client: httpx.AsyncClient | None = None):
-        self._client = client or httpx.AsyncClient(
+        self._client = client or pooled_client(
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+            max_connections=1024,
+            max_keepalive_connections=256,
         )
 
     async def prefill(

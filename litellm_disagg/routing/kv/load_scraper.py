@@ -49,6 +49,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from litellm_disagg.http_client import pooled_client
+
 from litellm_disagg.engines import prom_text
 from litellm_disagg.engines.base import MetricNames
 from litellm_disagg.engines.vllm.metrics import VLLM_METRICS
@@ -379,5 +381,5 @@ class LoadScraper:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=128))
+            self._client = pooled_client(timeout=self.timeout_s, max_connections=256, max_keepalive_connections=128)
         return self._client

@@ -38,6 +38,8 @@ from typing import Any
 
 import httpx
 
+from litellm_disagg.http_client import pooled_client
+
 from litellm_disagg.engines.base import Endpoint
 from litellm_disagg.routing.kv.settings import TokenizerSettings
 from litellm_disagg.routing.kv.token_cache import SegmentEncoder, TokenCache
@@ -179,7 +181,9 @@ class PromptTokenizer:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+            self._client = pooled_client(
+                timeout=self.settings.timeout_s, max_connections=256, max_keepalive_connections=64
+            )
         return self._client
 
 
