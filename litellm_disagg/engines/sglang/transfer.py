@@ -21,8 +21,9 @@ Because the decode is already waiting when a prefill fails, the router ends it i
 ``POST /abort_request`` with the decode's ``rid``, which this protocol sets), so LiteLLM's retry chooses again
 (``routing/orchestrator.py`` says how).
 
-The prefill body: the client's request as is (``mini_lb`` sends the same body to both), addressed to the prefill
-worker's served model, not streamed (``stream=false``, no ``stream_options``), plus the three bootstrap fields.
+The prefill body: the client's prompt and sampling fields as they are (``mini_lb`` sends the same body to both; the
+prefill samples the first token, which travels to the decode with the KV), addressed to the prefill worker's served
+model, not streamed (``stream=false``), plus the three bootstrap fields.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from litellm_disagg.engines.base import Endpoint, InvalidTransfer, TransferHandle
+from litellm_disagg.engines.openai_fields import prefill_fields
 from litellm_disagg.runtime_config import RuntimeConfig, SglangBootstrapTransfer
 
 HOST_KEY: Final = "bootstrap_host"
@@ -43,8 +45,6 @@ RID_KEY: Final = "rid"
 ABORT_PATH: Final = "abort_request"
 """SGLang's endpoint that aborts a request by ``rid`` (on the server root, not under ``/v1``)."""
 MAX_ROOM: Final = 2**63 - 1
-
-_NOT_FORWARDED: Final = frozenset({"stream", "stream_options", HOST_KEY, PORT_KEY, ROOM_KEY, RID_KEY})
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +83,7 @@ def open_ticket(prefill: RuntimeConfig, request_id: str, *, room: int | None = N
 def build_prefill_body(
     endpoint: Endpoint, model: str, request: Mapping[str, Any], ticket: BootstrapTicket
 ) -> dict[str, Any]:
-    body = {key: value for key, value in request.items() if key not in _NOT_FORWARDED and value is not None}
+    body = prefill_fields(endpoint, request, sampling=True)
     body["model"] = model
     body["stream"] = False
     body.update(ticket.fields())

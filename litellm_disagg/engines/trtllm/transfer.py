@@ -5,7 +5,7 @@ The protocol, as TensorRT-LLM's own disaggregated server runs it (``tensorrt_llm
 ``DisaggregatedParams`` in ``tensorrt_llm/serve/openai_protocol.py``; the executor side in
 ``tensorrt_llm/disaggregated_params.py``), sequential (``concurrent = False``):
 
-1. The context (prefill) request is the client's request, not streamed (``stream=false``, no ``stream_options``),
+1. The context (prefill) request is the client's request (its prompt and sampling fields), not streamed (``stream=false``, no ``stream_options``),
    with ``max_tokens=1`` and ``disaggregated_params: {"request_type": "context_only"}`` at the top level.
 2. The context server answers one choice whose ``disaggregated_params`` carry ``request_type``,
    ``first_gen_tokens`` (the token it sampled), ``ctx_request_id``, ``encoded_opaque_state`` (base64 of the cache
@@ -28,13 +28,12 @@ from typing import Any, ClassVar, Final
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from litellm_disagg.engines.base import Endpoint, InvalidTransfer, TransferHandle
+from litellm_disagg.engines.openai_fields import prefill_fields
 from litellm_disagg.runtime_config import RuntimeConfig
 
 PARAMS_KEY: Final = "disaggregated_params"
 CONTEXT_ONLY: Final = "context_only"
 GENERATION_ONLY: Final = "generation_only"
-
-_NOT_FORWARDED: Final = frozenset({"stream", "stream_options", PARAMS_KEY})
 
 
 class DisaggregatedParams(BaseModel, TransferHandle):
@@ -60,7 +59,7 @@ class DisaggregatedParams(BaseModel, TransferHandle):
 
 
 def build_context_body(endpoint: Endpoint, model: str, request: Mapping[str, Any]) -> dict[str, Any]:
-    body = {key: value for key, value in request.items() if key not in _NOT_FORWARDED and value is not None}
+    body = prefill_fields(endpoint, request, sampling=True)
     body["model"] = model
     body["max_tokens"] = 1
     if endpoint is Endpoint.CHAT and request.get("max_completion_tokens") is not None:

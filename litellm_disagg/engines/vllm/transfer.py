@@ -19,42 +19,12 @@ from typing import Any, ClassVar, Final
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from litellm_disagg.engines.base import Endpoint, InvalidTransfer, TransferHandle
+from litellm_disagg.engines.openai_fields import prefill_fields
 from litellm_disagg.runtime_config import RuntimeConfig
 
 PARAMS_KEY: Final = "kv_transfer_params"
 PREFILL_MARKER: Final[Mapping[str, Any]] = MappingProxyType({"do_remote_decode": True})
 """What the prefill request carries under ``kv_transfer_params`` (copied into each body, never shared)."""
-
-# Fields of an OpenAI request that decide which tokens the engine sees (and so which KV the prefill computes).
-_PROMPT_FIELDS: Final[Mapping[Endpoint, tuple[str, ...]]] = MappingProxyType({
-    Endpoint.CHAT: (
-        "messages",
-        "tools",
-        "tool_choice",
-        "functions",
-        "function_call",
-        "response_format",
-        "chat_template",
-        "chat_template_kwargs",
-        "add_generation_prompt",
-        "continue_final_message",
-        "documents",
-        "add_special_tokens",
-        "mm_processor_kwargs",
-        "reasoning_effort",
-        "truncate_prompt_tokens",
-        "lora_request",
-    ),
-    Endpoint.COMPLETIONS: (
-        "prompt",
-        "suffix",
-        "echo",
-        "add_special_tokens",
-        "truncate_prompt_tokens",
-        "response_format",
-    ),
-})
-
 
 class KVTransferParams(BaseModel, TransferHandle):
     """What a vLLM prefill returns for its decode. Known fields are typed; the whole object is passed on verbatim."""
@@ -83,7 +53,7 @@ class KVTransferParams(BaseModel, TransferHandle):
 
 def build_prefill_body(endpoint: Endpoint, model: str, request: Mapping[str, Any]) -> dict[str, Any]:
     """The prefill request for ``request`` (the client's OpenAI fields), addressed to ``model`` on the worker."""
-    body: dict[str, Any] = {key: request[key] for key in _PROMPT_FIELDS[endpoint] if request.get(key) is not None}
+    body: dict[str, Any] = prefill_fields(endpoint, request, sampling=False)
     body["model"] = model
     body["max_tokens"] = 1
     if endpoint is Endpoint.CHAT and request.get("max_completion_tokens") is not None:
