@@ -48,3 +48,18 @@ def test_only_single_prompt_single_completion_requests_split(prompt, n, splittab
     if n:
         kwargs["n"] = n
     assert DisaggRequest.from_router_call(messages=None, request_kwargs=kwargs).splittable is splittable
+
+
+def test_transfer_metadata_is_stripped_wherever_an_engine_would_read_it():
+    data = {
+        "kv_transfer_params": {"remote_block_ids": [1]},
+        "vllm_xargs": {"kv_transfer_params": "x", "keep": 1},
+        "extra_body": {"kv_transfer_params": {}, "vllm_xargs": {"kv_transfer_params": [1, 2]}, "other": True},
+    }
+    found = strip_transfer_params(data)
+    assert sorted(found) == sorted([
+        "kv_transfer_params", "vllm_xargs.kv_transfer_params", "extra_body.kv_transfer_params",
+        "extra_body.vllm_xargs.kv_transfer_params",
+    ])
+    assert data == {"vllm_xargs": {"keep": 1}, "extra_body": {"vllm_xargs": {}, "other": True}}
+    assert strip_transfer_params({"vllm_xargs": "not a dict", "kv_transfer_params": None}) == []

@@ -20,14 +20,27 @@ _TEXT_COMPLETION_CALL_TYPES = frozenset({"text_completion", "atext_completion"})
 
 
 def strip_transfer_params(data: dict[str, Any]) -> list[str]:
-    """Remove client-supplied transfer metadata from a request dict in place; returns where any was found."""
+    """Remove client-supplied transfer metadata from a request dict in place; returns where any was found.
+
+    Every place a key can reach an engine: the top level, ``extra_body`` (which LiteLLM merges into the body), and
+    ``vllm_xargs`` at either level (vLLM copies it into the request's ``extra_args``, where its connector reads
+    ``kv_transfer_params``: a client could otherwise hand the decode worker block ids of its own choosing, or crash
+    the engine with a value of the wrong type).
+    """
     found: list[str] = []
-    for key in sorted(client_transfer_keys()):
-        if data.pop(key, None) is not None:
-            found.append(key)
-        extra_body = data.get("extra_body")
-        if isinstance(extra_body, dict) and extra_body.pop(key, None) is not None:
-            found.append(f"extra_body.{key}")
+    keys = sorted(client_transfer_keys())
+    extra_body = data.get("extra_body")
+    places: list[tuple[str, Any]] = [("", data)]
+    if isinstance(extra_body, dict):
+        places.append(("extra_body.", extra_body))
+    for prefix, place in list(places):
+        xargs = place.get("vllm_xargs")
+        if isinstance(xargs, dict):
+            places.append((f"{prefix}vllm_xargs.", xargs))
+    for prefix, place in places:
+        for key in keys:
+            if place.pop(key, None) is not None:
+                found.append(prefix + key)
     return found
 
 
