@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
+from litellm_disagg.observability.tracing import TracingSettings
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
 
 
@@ -53,6 +54,8 @@ class DisaggSettings(BaseModel):
     """With no prefill worker (or all failing), let the decode worker compute the prompt itself instead of failing."""
     kv_routing: KVRoutingSettings = Field(default_factory=KVRoutingSettings)
     """KV-aware selection and conditional disaggregation (see litellm_disagg/routing/kv/README.md); off by default."""
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    """OpenTelemetry spans per request phase (``observability/tracing.py``, docs/observability.md); off by default."""
     failure_cooldown_s: Annotated[float, Field(ge=0)] = 5.0
     """A worker whose call just failed (unreachable, 5xx, timeout) gets no new work for this long, unless it is the
     only one. Bridges the gap between a crash and discovery noticing it."""

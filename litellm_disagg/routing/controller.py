@@ -31,6 +31,7 @@ from litellm_disagg.transfer.prefill import PrefillClient
 from litellm_disagg.discovery.registry import Registry
 
 if TYPE_CHECKING:
+    from litellm_disagg.observability.tracing import RequestTracing
     from litellm_disagg.routing.kv.router import KVRouter
 
 logger = logging.getLogger(__name__)
@@ -72,13 +73,22 @@ class DisaggController:
             prefill=Pipeline(prefill_profile, rng=rng),
             cooldown=self.cooldown,
         )
-        self.strategy = DisaggRoutingStrategy(
+        strategy_parts: dict[str, Any] = dict(
             router=router,
             pool=lambda: self.pool,
             planner=self.planner,
             orchestrator=self.orchestrator,
             accounting=self.accounting,
         )
+        self.tracing: RequestTracing | None = None
+        if settings.tracing.enabled:  # the strategy's traced twin (observability/traced.py); off: no tracing code runs
+            from litellm_disagg.observability import tracing
+            from litellm_disagg.observability.traced import traced_strategy
+
+            self.tracing = tracing.RequestTracing.from_settings(settings.tracing)
+            self.strategy = traced_strategy(self.tracing, **strategy_parts)
+        else:
+            self.strategy = DisaggRoutingStrategy(**strategy_parts)
         self._tasks: list[asyncio.Task[None]] = []
         self.pool_changed = asyncio.Event()
 
@@ -100,6 +110,8 @@ class DisaggController:
             await self.kv.stop()
         await self.registry.close()
         await self.prefill_client.aclose()
+        if self.tracing is not None:
+            await self.tracing.aclose()
 
     def keep_installed(self) -> None:
         if self.strategy.install():
