@@ -3,14 +3,14 @@
     litellm-disagg worker --role prefill|decode|both --model PATH_OR_NAME [--engine vllm] [--port N] [-- engine args]
     litellm-disagg up [--model PATH] [--port 4000]        one prefill + one decode worker + the LiteLLM proxy
     litellm-disagg prepare-model [--tiny] [--out DIR]     make a model offline (SmolLM2-135M-Instruct or a tiny one)
-    litellm-disagg workers [--registry-dir DIR]           list the workers discovery knows
+    litellm-disagg workers [--registry-dir DIR] [--json]  list the workers discovery knows (a table; JSON lines)
+    litellm-disagg top [--metrics-url URL] [--once]       a live view of the cluster (observability/top.py)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import os
 import sys
@@ -98,9 +98,10 @@ def _run_prepare(args: argparse.Namespace) -> int:
 
 
 def _run_workers(args: argparse.Namespace) -> int:
+    from litellm_disagg.observability.top import print_workers
+
     configs = asyncio.run(registry_from_args(args).snapshot())
-    for config in configs:
-        print(json.dumps(config.model_dump(mode="json")))
+    print_workers(configs, as_json=args.json)
     return 0
 
 
@@ -126,7 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--out", help="output directory (default: under ~/.cache/litellm-disagg/models)")
 
     lst = sub.add_parser("workers", help="list the workers discovery knows")
+    lst.add_argument("--json", action="store_true", help="one JSON object per worker and line (as published)")
     add_registry_args(lst)
+
+    top = sub.add_parser("top", help="a live view of the cluster: pools, workers' load, the proxy's latencies")
+    top.add_argument("--metrics-url", help="the proxy's Prometheus page (e.g. http://127.0.0.1:4000/metrics)")
+    top.add_argument("--interval", type=float, default=2.0, help="seconds between frames (default 2)")
+    top.add_argument("--once", action="store_true", help="print one frame and exit")
+    add_registry_args(top)
 
     return parser
 
@@ -146,6 +154,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run_prepare(args)
     if args.command == "workers":
         return _run_workers(args)
+    if args.command == "top":
+        from litellm_disagg.observability.top import run_top
+
+        return run_top(args)
     parser.error(f"unknown command {args.command}")
     return 2
 

