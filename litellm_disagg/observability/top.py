@@ -132,7 +132,9 @@ def _num(value: int | None) -> str:
 
 
 def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.0f}%"
+    if value is None:
+        return "-"
+    return f"{value * 100:.1f}%" if 0 < value < 0.1 else f"{value * 100:.0f}%"
 
 
 # -- litellm-disagg workers ----------------------------------------------------------------------------------------
