@@ -161,3 +161,15 @@ def test_client_keys_of_every_engine_are_stripped():
     data = {"model": "m", "bootstrap_room": 1, "extra_body": {"disaggregated_params": {"request_type": "generation_only"}}}
     assert sorted(strip_transfer_params(data)) == ["bootstrap_room", "extra_body.disaggregated_params"]
     assert data == {"model": "m", "extra_body": {}}
+
+
+def test_prefill_bodies_carry_only_openai_fields():
+    # LiteLLM's call kwargs hold clients, headers and bookkeeping: none of it may reach a prefill body (not JSON).
+    fields = CHAT | {"client": object(), "extra_headers": {"x": "y"}, "model": "group", "seed": 3, "top_k": 5}
+    ticket = open_ticket(SG_P, "r1", room=1)
+    sg = SglangBootstrapProtocol().prefill_body(Endpoint.CHAT, "served", fields, prefill=SG_P, decode=SG_D, handle=ticket)
+    tr = TrtllmDisaggProtocol().prefill_body(Endpoint.CHAT, "served", fields, prefill=TR_P, decode=TR_D)
+    for body in (sg, tr):
+        json.dumps(body)
+        assert "client" not in body and "extra_headers" not in body and body["model"] == "served"
+        assert body["seed"] == 3 and body["top_k"] == 5  # the prefill samples the first token
