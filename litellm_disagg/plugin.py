@@ -20,6 +20,7 @@ import logging
 import os
 import sys
 import weakref
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,6 +29,7 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from litellm_disagg.discovery.factory import make_registry
 from litellm_disagg.discovery.registry import Registry
+from litellm_disagg.observability.serve import MetricsServer, serve
 from litellm_disagg.routing.controller import DisaggController
 from litellm_disagg.routing.deployments import worker_id_of
 from litellm_disagg.routing.request import record_call_type, strip_transfer_params
@@ -47,6 +49,8 @@ class DisaggPlugin(CustomLogger):
         super().__init__()
         self.controller: DisaggController | None = None
         self._follower: asyncio.Task[None] | None = None
+        self.metrics_server: MetricsServer | None = None
+        """Our own metrics port (``metrics.port``), when configured; LiteLLM's ``/metrics`` needs none."""
         # Inside the proxy (which has imported its server module and runs a loop), follow its router; anywhere else
         # (tests, scripts, an SDK Router) call attach() yourself.
         if "litellm.proxy.proxy_server" not in sys.modules:
@@ -83,6 +87,9 @@ class DisaggPlugin(CustomLogger):
             DisaggPlugin._controllers.discard(self.controller)
             await self.controller.stop()
             self.controller = None
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
 
     async def _follow_proxy(self) -> None:
         from litellm.proxy import proxy_server
@@ -96,6 +103,8 @@ class DisaggPlugin(CustomLogger):
                     settings = settings or load_settings(getattr(proxy_server, "user_config_file_path", None))
                     await self.attach(router, settings)
                     logger.info("litellm-disagg attached to the proxy's router (registry: %s)", settings.registry)
+                    if self.metrics_server is None:
+                        self.metrics_server = await asyncio.to_thread(serve, settings.metrics)
                 except Exception:
                     logger.exception("litellm-disagg could not attach to the proxy's router; retrying")
             await asyncio.sleep(0.2 if self.controller is None else 1.0)
@@ -110,6 +119,19 @@ class DisaggPlugin(CustomLogger):
         if self.controller is not None:
             self.controller.keep_installed()
         return data
+
+    async def async_post_call_streaming_iterator_hook(
+        self, user_api_key_dict: Any, response: Any, request_data: dict[str, Any]
+    ) -> AsyncGenerator[Any, None]:
+        # The proxy streams every chunk to the client through this (LiteLLM 1.108 calls the deployment hook below on
+        # the last chunk only): the first chunk ends the prompt's queued tokens and gives the time to first token,
+        # each next one an inter-token gap. A dict lookup per live controller per chunk.
+        call_id = request_data.get("litellm_call_id") if isinstance(request_data, dict) else None
+        async for chunk in response:
+            if isinstance(call_id, str):
+                for controller in list(DisaggPlugin._controllers):
+                    controller.streamed(call_id, last=False)
+            yield chunk
 
     async def async_post_call_streaming_deployment_hook(
         self, request_data: dict[str, Any], response_chunk: object, call_type: Any
@@ -126,7 +148,12 @@ class DisaggPlugin(CustomLogger):
         self._finished(kwargs, failed=False)
 
     async def async_log_failure_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
-        self._finished(kwargs, failed=_worker_fault(kwargs.get("exception")))
+        fault = _worker_fault(kwargs.get("exception"))
+        call_id = kwargs.get("litellm_call_id")
+        if isinstance(call_id, str):  # counted as failed (by cause) before the end of the call is noted
+            for controller in list(DisaggPlugin._controllers):
+                controller.request_metrics.finished(call_id, failed=True, worker_fault=fault)
+        self._finished(kwargs, failed=fault)
 
     def _finished(self, kwargs: dict[str, Any], *, failed: bool) -> None:
         call_id = kwargs.get("litellm_call_id")

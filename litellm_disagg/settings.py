@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
+from litellm_disagg.observability.serve import MetricsSettings
 from litellm_disagg.observability.tracing import TracingSettings
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
 
@@ -59,6 +60,9 @@ class DisaggSettings(BaseModel):
     failure_cooldown_s: Annotated[float, Field(ge=0)] = 5.0
     """A worker whose call just failed (unreachable, 5xx, timeout) gets no new work for this long, unless it is the
     only one. Bridges the gap between a crash and discovery noticing it."""
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    """Prometheus metrics on a port of their own (``observability/serve.py``); off by default, as LiteLLM's
+    ``/metrics`` serves them when its ``prometheus`` callback is on (docs/observability.md)."""
     sync_interval_s: Annotated[float, Field(gt=0)] = 0.5
     """How often the plugin checks that its routing strategy is still installed on the proxy's router."""
 

@@ -7,10 +7,11 @@ names its engine (``engine_for``).
 
 Transfer protocol, called by the router for each disaggregated request (all side-effect free)::
 
-    name, concurrent, client_keys   constants. ``concurrent`` False: the decode call starts after the prefill
-                                    returned (vLLM pulls the KV); True: both calls run at once (SGLang).
+    name, concurrent, client_keys,  constants. ``concurrent`` False: the decode call starts after the prefill
+    decode_serves_alone             returned (vLLM pulls the KV); True: both calls run at once (SGLang).
                                     ``client_keys`` are stripped from every client request, so no client chooses
-                                    which remote KV a decode worker loads
+                                    which remote KV a decode worker loads. ``decode_serves_alone`` False: a
+                                    decode-only worker cannot serve aggregated (SGLang's decode mode)
     open_transfer()                 before the prefill: the handle the decode needs up front (concurrent protocols:
                                     SGLang's bootstrap host, port and a fresh room), or None (sequential); once per
                                     attempt; may draw random numbers, nothing else
@@ -81,6 +82,9 @@ class TransferProtocol(Protocol):
     """The transfer protocol's name, as in ``RuntimeConfig.transfer.kind`` (``vllm-nixl``)."""
     concurrent: bool
     """False: prefill first, decode after (vLLM pulls the KV); True: both at once (SGLang)."""
+    decode_serves_alone: bool
+    """Whether a decode-only worker can also compute a prompt itself (serve aggregated). False for SGLang, whose
+    decode-mode servers only take requests with a bootstrap room: the router then never serves aggregated there."""
     client_keys: tuple[str, ...]
     """Request keys only the router may set; stripped from client requests (top level and ``extra_body``)."""
 

@@ -16,6 +16,8 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
+from litellm_disagg.observability.pool_metrics import PoolMetrics
+from litellm_disagg.observability.requests import RequestMetrics
 from litellm_disagg.routing import deployments
 from litellm_disagg.routing.accounting import Accounting, FlightKey
 from litellm_disagg.routing.cooldown import FailureCooldown
@@ -89,6 +91,11 @@ class DisaggController:
             self.strategy = traced_strategy(self.tracing, **strategy_parts)
         else:
             self.strategy = DisaggRoutingStrategy(**strategy_parts)
+        self.request_metrics = RequestMetrics(max_age_s=kv_settings.load.inflight_max_age_s)
+        self.strategy.requests = self.request_metrics
+        self.pool_metrics = PoolMetrics()
+        if self.kv is not None:  # the scraped NIXL counters feed the transfer metrics too
+            self.kv.scraper.on_transfers = self.pool_metrics.also_count_transfers(self.kv.scraper.on_transfers)
         self._tasks: list[asyncio.Task[None]] = []
         self.pool_changed = asyncio.Event()
 
@@ -120,6 +127,7 @@ class DisaggController:
     def finished(self, call_id: str, *, worker_id: str | None = None, failed: bool = False) -> None:
         """A decode call on ``worker_id`` (when known) ended: LiteLLM's success or failure event. A worker whose call
         failed for the worker's own reasons cools down."""
+        self.request_metrics.finished(call_id)
         ended_on = self.accounting.finish(FlightKey.decode(call_id), worker_id)
         failed_worker = worker_id or ended_on
         if failed and failed_worker is not None and self.pool.get(failed_worker) is not None:
@@ -129,6 +137,7 @@ class DisaggController:
         """A chunk of a streaming decode call reached the proxy: the prompt is computed (its prefill tokens stop
         counting as queued on the worker); with ``last`` (the chunk with a finish reason) the call is over for the
         worker, before LiteLLM's success event (a background task) says so."""
+        self.request_metrics.chunk(call_id, last=last)
         if last:
             self.finished(call_id)
         else:
@@ -139,6 +148,7 @@ class DisaggController:
         if self.kv is not None:
             self.kv.sync(pool)
         deployments.reconcile(self.router, deployments.desired_deployments(pool, self.settings.model_group))
+        self.pool_metrics.pool_changed(pool)
         self.pool_changed.set()
 
     async def _watch(self) -> None:
@@ -159,5 +169,6 @@ class DisaggController:
             try:
                 self.keep_installed()
                 deployments.reconcile(self.router, deployments.desired_deployments(self.pool, self.settings.model_group))
+                self.pool_metrics.refresh(self.accounting, self.cooldown, self.kv)
             except Exception:
                 logger.exception("keeping the router in step failed; will retry")

@@ -9,7 +9,8 @@ Failure policy:
 - prefill 4xx: the request itself is bad; ``PrefillRejected`` propagates so the client gets the error as is;
 - prefill 429, 5xx, timeout, connection error, unusable response: the next prefill worker, up to ``max_attempts``;
 - nothing left: aggregated (the decode worker computes the prompt itself), counted, unless that is turned off
-  (``NoPrefillAvailable``).
+  or the decode worker cannot compute a prompt (SGLang's decode mode: ``route_plan.serves_alone``), then
+  ``NoPrefillAvailable`` (the client's 503; LiteLLM retries).
 
 Concurrent protocols (SGLang's bootstrap rooms: ``TransferProtocol.concurrent``). The decode's fields are known
 before the prefill answers (``open_transfer``: the prefill worker's bootstrap address and a fresh room), so the
@@ -45,7 +46,7 @@ from litellm_disagg.observability.requests import failover_cause
 from litellm_disagg.routing.accounting import Accounting, FlightKey
 from litellm_disagg.routing.cooldown import FailureCooldown
 from litellm_disagg.routing.request import DisaggRequest
-from litellm_disagg.routing.route_plan import RoutePlan
+from litellm_disagg.routing.route_plan import RoutePlan, serves_alone
 from litellm_disagg.runtime_config import RuntimeConfig
 from litellm_disagg.transfer.prefill import PrefillClient, PrefillError, PrefillUnavailable
 
@@ -99,6 +100,9 @@ class Orchestrator:
 
     async def run(self, request: DisaggRequest, plan: RoutePlan) -> Outcome:
         decode = plan.decode
+        if (plan.local_reason is not None or not plan.prefill_order) and not serves_alone(decode):
+            # SGLang's decode mode cannot compute a prompt: no aggregated serving there (LiteLLM may retry).
+            raise NoPrefillAvailable(f"{decode.worker_id} cannot serve aggregated: {plan.local_reason or plan.reason}")
         if plan.local_reason is not None:
             metrics.REQUESTS.labels(decode.model, "local_prefill").inc()
             logger.debug("prefilling locally on %s: %s", decode.worker_id, plan.local_reason)
@@ -123,7 +127,7 @@ class Orchestrator:
                 self.cooldown.failed(prefill.worker_id)
                 logger.warning("request %s: %s; trying elsewhere", request.request_id, exc)
                 reason = str(exc)
-        if not self.aggregated_fallback:
+        if not self.aggregated_fallback or not serves_alone(decode):
             raise NoPrefillAvailable(reason)
         metrics.REQUESTS.labels(decode.model, Mode.AGGREGATED.value).inc()
         metrics.AGGREGATED_FALLBACKS.labels(decode.model, cause).inc()

@@ -15,8 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from litellm_disagg.engines import engine_for
 from litellm_disagg.routing.cooldown import FailureCooldown
-from litellm_disagg.routing.kv.disagg_decision import NO_PREFILL_WORKER
+from litellm_disagg.routing.kv.disagg_decision import NO_PREFILL_WORKER, DisaggDecision
 from litellm_disagg.routing.pipeline import filters
 from litellm_disagg.routing.pipeline.pipeline import Pipeline
 from litellm_disagg.routing.pipeline.providers import ContextProvider
@@ -29,6 +30,12 @@ if TYPE_CHECKING:
     from litellm_disagg.routing.kv.block_hash import PromptBlocks
 
 NOT_SPLITTABLE = "request has several prompts or completions"
+DECODE_CANNOT_PREFILL = "the decode worker cannot prefill (its engine's decode mode needs a remote prefill)"
+
+
+def serves_alone(decode: RuntimeConfig) -> bool:
+    """Whether ``decode`` can compute a prompt itself: any worker that can prefill, or whose engine allows it."""
+    return decode.role.can_prefill or engine_for(decode).transfer.decode_serves_alone
 
 
 class NoDecodeWorker(Exception):
@@ -117,6 +124,8 @@ class RoutePlanner:
         if not request.splittable:
             return RoutePlan(decode, (), NOT_SPLITTABLE, NOT_SPLITTABLE, **common)  # type: ignore[arg-type]
         decision = self.provider.decide(prompt, decode_selection, prefill_selection)
+        if not decision.remote and prefill_candidates and not serves_alone(decode):
+            decision = DisaggDecision(True, DECODE_CANNOT_PREFILL)
         if decision.remote:
             by_id = {p.worker_id: p for p in prefill_candidates}
             order = tuple(by_id[wid] for wid in prefill_selection.ranking() if wid in by_id)

@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from litellm.types.router import CustomRoutingStrategyBase
 
@@ -24,6 +24,9 @@ from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.request import DisaggRequest, strip_transfer_params
 from litellm_disagg.routing.route_plan import NoDecodeWorker, RoutePlanner
 from litellm_disagg.transfer.prefill import PrefillRejected
+
+if TYPE_CHECKING:
+    from litellm_disagg.observability.requests import RequestMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +46,8 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         self._planner = planner
         self._orchestrator = orchestrator
         self._accounting = accounting
+        self.requests: RequestMetrics | None = None
+        """Per-request metrics (``observability/requests.py``); the controller sets it."""
 
     # -- installation ------------------------------------------------------------------------------------------------
 
@@ -67,6 +72,7 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         request_kwargs: dict[str, Any] | None = None,
     ) -> Any:
         request_kwargs = request_kwargs if request_kwargs is not None else {}
+        started = time.monotonic()
         # Whatever happens below, no client-supplied (or stale, on a retry) transfer metadata goes to a worker.
         found = strip_transfer_params(request_kwargs)
         if found:
@@ -106,6 +112,7 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
             plan = await self._planner.plan(request, pool, candidates)
         except NoDecodeWorker:
             raise unavailable(f"no ready decode worker for model {model!r}", model) from None
+        selection_s = time.perf_counter() - chose_at
         decode = plan.decode
         # Counted in flight from the moment it is chosen (not after the prefill), so that requests selected
         # concurrently while prefills run see each other. LiteLLM keeps a call id it is given (else it makes one
@@ -132,6 +139,8 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
             self._accounting.finish(key)
             raise
         self._planner.observe(plan, outcome.prefill_worker_id, outcome.prefill_seconds)
+        if self.requests is not None:
+            self.requests.routed(call_id, plan, outcome, started=started, selection_s=selection_s)
         request_kwargs.update(outcome.decode_fields)
         headers = dict(request_kwargs.get("extra_headers") or {})
         headers["X-Request-Id"] = request.request_id

@@ -108,3 +108,20 @@ async def test_a_retry_gets_a_new_room_on_the_next_healthy_worker():
     await settle(orch)
     assert second.prefill_worker_id == "p2" and second.decode_fields["bootstrap_host"] == "p2.bootstrap"
     assert second.decode_fields["bootstrap_room"] != first.decode_fields["bootstrap_room"]
+
+
+async def test_an_sglang_decode_worker_never_serves_aggregated():
+    from litellm_disagg.routing.orchestrator import NoPrefillAvailable
+    from litellm_disagg.routing.route_plan import serves_alone
+
+    workers = Workers({"p1": 503})
+    workers.gate.set()
+    orch, _, _ = orchestrator(workers)
+    assert not serves_alone(DECODE) and serves_alone(sglang("b", "both"))
+    with pytest.raises(NoPrefillAvailable):  # no prefill worker at all
+        await orch.run(REQ, RoutePlan(DECODE, (), None, "no prefill worker"))
+    with pytest.raises(NoPrefillAvailable):  # a local decision (e.g. several completions)
+        await orch.run(REQ, RoutePlan(DECODE, (), "request has several prompts or completions", "x"))
+    both = sglang("b", "both")  # SGLang's mode null: an aggregated server
+    outcome = await orch.run(REQ, RoutePlan(both, (), "short prompt", "x"))
+    assert outcome.mode is Mode.AGGREGATED and outcome.decode_fields == {}

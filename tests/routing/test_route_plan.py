@@ -67,3 +67,22 @@ async def test_cooling_workers_go_last_and_the_provider_decides_local():
     accounting = Accounting()
     plan = await planner(accounting, provider=Local(accounting)).plan(CHAT, pool, pool.decode_candidates("tiny"))
     assert plan.prefill_order == () and plan.local_reason == "cheaper here"
+
+
+async def test_an_sglang_decode_worker_always_gets_a_remote_prefill_and_engines_never_mix():
+    from litellm_disagg.runtime_config import SglangBootstrapTransfer
+
+    def sg(worker_id, role):
+        return w(worker_id, role).model_copy(
+            update={"engine": "sglang", "transfer": SglangBootstrapTransfer(host="h", port=8998)}
+        )
+
+    class Local(LoadProvider):
+        def decide(self, prompt, decode, prefill):
+            return DisaggDecision(False, "cheaper here")
+
+    pool = WorkerPool.of([sg("d1", "decode"), sg("p1", "prefill"), w("vp", "prefill")])
+    accounting = Accounting()
+    plan = await planner(accounting, provider=Local(accounting)).plan(CHAT, pool, pool.decode_candidates("tiny"))
+    # SGLang's decode mode cannot compute the prompt: the local decision is overruled; the vLLM prefill is no option.
+    assert [p.worker_id for p in plan.prefill_order] == ["p1"] and plan.local_reason is None

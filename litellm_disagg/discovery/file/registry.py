@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.discovery.registry import RegistryError
+from litellm_disagg.discovery.status import DiscoveryStatus
 from litellm_disagg.runtime_config import RuntimeConfig
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,7 @@ class FileRegistry:
         self.poll_interval_s = poll_interval_s
         self._published: dict[str, RuntimeConfig] = {}
         self._closed = asyncio.Event()
+        self._status = DiscoveryStatus("file registry")
         self._warned: set[tuple[str, float]] = set()
 
     @classmethod
@@ -139,7 +141,12 @@ class FileRegistry:
     async def watch(self) -> AsyncIterator[list[RuntimeConfig]]:
         last: list[RuntimeConfig] | None = None
         while not self._closed.is_set():
-            current = await self.snapshot()
+            try:
+                current = await self.snapshot()
+            except RegistryError as exc:
+                self._status.failed(exc)
+                raise
+            self._status.ok()
             if current != last:
                 last = current
                 yield current

@@ -95,6 +95,7 @@ class SglangBootstrapProtocol:
 
     name = "sglang-bootstrap"
     concurrent = True
+    decode_serves_alone = False  # a --disaggregation-mode decode server needs a bootstrap room
     client_keys: tuple[str, ...] = (HOST_KEY, PORT_KEY, ROOM_KEY, RID_KEY)
 
     def open_transfer(self, *, prefill: RuntimeConfig, decode: RuntimeConfig, request_id: str) -> BootstrapTicket:

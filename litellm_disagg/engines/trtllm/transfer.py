@@ -91,6 +91,7 @@ class TrtllmDisaggProtocol:
 
     name = "trtllm-disagg"
     concurrent = False
+    decode_serves_alone = True  # any trtllm-serve takes a request without disaggregated_params
     client_keys: tuple[str, ...] = (PARAMS_KEY,)
 
     def open_transfer(self, *, prefill: RuntimeConfig, decode: RuntimeConfig, request_id: str) -> None:

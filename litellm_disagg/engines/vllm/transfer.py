@@ -82,6 +82,7 @@ class VllmNixlProtocol:
 
     name = "vllm-nixl"
     concurrent = False
+    decode_serves_alone = True  # a kv_consumer computes a prompt that comes without kv_transfer_params
     client_keys: tuple[str, ...] = (PARAMS_KEY,)
 
     def open_transfer(self, *, prefill: RuntimeConfig, decode: RuntimeConfig, request_id: str) -> None:

@@ -26,6 +26,7 @@ accepted whatever its number (nothing to replay).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
 from functools import lru_cache
@@ -57,6 +58,10 @@ class ApplierStats:
     ignored_events: int = 0
     """Events for another medium or KV cache group."""
     last_seq: int | None = None
+    last_batch_ts: float | None = None
+    """The engine's timestamp of the last batch applied (unix time)."""
+    last_applied_at: float | None = None
+    """When it was applied (unix time): the difference is the event lag."""
 
 
 class EventApplier:
@@ -92,6 +97,7 @@ class EventApplier:
         elif not self._in_sequence(seq):
             return
         stats.batches += 1
+        stats.last_batch_ts, stats.last_applied_at = batch.ts, time.time()
         # Consecutive events of one kind reach the index as one call: an engine step often stores blocks for several
         # requests, and vLLM evicts blocks one BlockRemoved at a time. Translations are updated event by event, so a
         # later event in the batch sees an earlier one's blocks; the index gets the same blocks in the same order (only
