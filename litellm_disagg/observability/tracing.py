@@ -146,7 +146,7 @@ class RequestTracing:
         return TraceSlot(parent, call_id)
 
     def routed(self, slot: TraceSlot) -> None:
-        """The strategy returned a deployment: the trace waits for the decode's chunks or end."""
+        """The strategy returned a deployment: the trace waits for LiteLLM's event of the decode call."""
         if slot.trace is not None:
             self._sweep()
             self._open[slot.call_id] = slot.trace
