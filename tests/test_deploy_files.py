@@ -47,3 +47,25 @@ def test_systemd_worker_command_parses():
     argv = shlex.split(exec_start.replace("%i", "decode"))
     assert argv[0].endswith("litellm-disagg")
     assert parse_worker(argv[1:]).registry == "consul"
+
+
+def test_shipped_proxy_config_serves_metrics_and_the_scrape_config_matches():
+    config = yaml.safe_load((ROOT / "proxy_config.yaml").read_text())
+    assert "prometheus" in config["litellm_settings"]["callbacks"]  # mounts /metrics (docs/observability.md)
+    assert DisaggSettings.from_proxy_config(config).metrics.port is None
+    prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    [job] = [j for j in prometheus["scrape_configs"] if j["job_name"] == "litellm-proxy"]
+    assert job["metrics_path"] == "/metrics" and job["authorization"]["type"] == "Bearer"
+
+
+def test_grafana_dashboards_parse_and_every_panel_queries_prometheus():
+    import json
+
+    dashboards = sorted((ROOT / "deploy/grafana").glob("*.json"))
+    assert dashboards
+    for path in dashboards:
+        dashboard = json.loads(path.read_text())
+        panels = [p for p in dashboard["panels"] if p["type"] != "row"]
+        assert panels and len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+        for panel in panels:
+            assert panel["targets"] and all(t["expr"].strip() for t in panel["targets"]), panel["title"]
