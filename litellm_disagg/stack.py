@@ -89,7 +89,7 @@ def run_stack(args: argparse.Namespace) -> int:
         if stopping.is_set():
             return 0
         _wait_both_roles(registry, served, stopping, procs)
-        print(_banner(base, key, served, registry), flush=True)
+        print(_banner(base, key, served, registry, _metrics_line(config, base, key)), flush=True)
         while not stopping.wait(1.0):
             dead = [name for name, p in procs.items() if p.poll() is not None]
             if dead:
@@ -124,7 +124,22 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-def _banner(base: str, key: str, model: str, registry: str) -> str:
+def _metrics_line(config: Path, base: str, key: str) -> str:
+    """Where the metrics are (docs/observability.md), as a command to run."""
+    import yaml
+
+    from litellm_disagg.observability.serve import metrics_endpoints
+
+    try:
+        found = metrics_endpoints(yaml.safe_load(config.read_text()), base)
+    except (OSError, ValueError, yaml.YAMLError):
+        found = []
+    if not found:
+        return "(not served: add \"prometheus\" to litellm_settings.callbacks, or set litellm_disagg.metrics.port)"
+    return "\n             ".join(endpoint.curl(key) for endpoint in found)
+
+
+def _banner(base: str, key: str, model: str, registry: str, metrics: str = "") -> str:
     return f"""
 litellm-disagg is up: prefill and decode workers behind the LiteLLM proxy.
 
@@ -132,6 +147,7 @@ litellm-disagg is up: prefill and decode workers behind the LiteLLM proxy.
   API key  : {key}
   model    : {model}
   registry : {registry}   (litellm-disagg workers --registry-dir {registry})
+  metrics  : {metrics}
 
   from openai import OpenAI
   client = OpenAI(base_url="{base}/v1", api_key="{key}")

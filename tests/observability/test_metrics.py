@@ -189,3 +189,11 @@ def test_the_metrics_port_serves_the_default_registry():
     finally:
         server.close()
     assert serve(MetricsSettings()) is None
+
+
+def test_up_prints_where_the_metrics_are():
+    from litellm_disagg.stack import _banner, _metrics_line
+
+    line = _metrics_line(ROOT / "proxy_config.yaml", "http://127.0.0.1:4000", "sk-x")
+    assert line == 'curl -H "Authorization: Bearer sk-x" http://127.0.0.1:4000/metrics'
+    assert line in _banner("http://127.0.0.1:4000", "sk-x", "m", "/tmp/r", line)
