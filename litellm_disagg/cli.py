@@ -132,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     top = sub.add_parser("top", help="a live view of the cluster: pools, workers' load, the proxy's latencies")
     top.add_argument("--metrics-url", help="the proxy's Prometheus page (e.g. http://127.0.0.1:4000/metrics)")
+    top.add_argument("--metrics-key", default=os.environ.get("LITELLM_MASTER_KEY"),
+                     help="key for the proxy's /metrics (default: $LITELLM_MASTER_KEY)")
     top.add_argument("--interval", type=float, default=2.0, help="seconds between frames (default 2)")
     top.add_argument("--once", action="store_true", help="print one frame and exit")
     add_registry_args(top)

@@ -88,12 +88,15 @@ class ClusterWatcher:
         client: httpx.AsyncClient,
         *,
         metrics_url: str | None = None,
+        metrics_key: str | None = None,
         proxy_names: ProxyMetricNames | None = None,
         timeout_s: float = 2.0,
     ):
         self.registry = registry
         self.client = client
         self.metrics_url = metrics_url
+        self._metrics_headers = {"Authorization": f"Bearer {metrics_key}"} if metrics_key else {}
+        """Sent to the proxy's page only (LiteLLM's /metrics asks for a key), never to workers."""
         self.proxy_names = proxy_names or ProxyMetricNames()
         self.timeout_s = timeout_s
         self._previous: dict[str, _Counters] = {}
@@ -112,9 +115,9 @@ class ClusterWatcher:
         self._previous = {k: v for k, v in self._previous.items() if k in live}
         return ClusterView(time.time(), tuple(views), proxy, error)
 
-    async def _page(self, url: str) -> str | None:
+    async def _page(self, url: str, headers: dict[str, str] | None = None) -> str | None:
         try:
-            response = await self.client.get(url, timeout=self.timeout_s)
+            response = await self.client.get(url, headers=headers, timeout=self.timeout_s)
             response.raise_for_status()
         except httpx.HTTPError:
             return None
@@ -144,7 +147,7 @@ class ClusterWatcher:
         )
 
     async def _proxy(self, url: str) -> ProxyView:
-        text = await self._page(url)
+        text = await self._page(url, self._metrics_headers)
         if text is None:
             return ProxyView(reachable=False)
         n = self.proxy_names

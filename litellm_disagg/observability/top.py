@@ -1,12 +1,14 @@
 """``litellm-disagg top``: a live view of the cluster in the terminal, redrawn in place; and the ``workers`` table.
 
-    litellm-disagg top [--metrics-url http://127.0.0.1:4000/metrics] [--interval 2] [--once] [registry flags]
+    litellm-disagg top [--metrics-url http://127.0.0.1:4000/metrics] [--metrics-key KEY] [--interval 2] [--once]
+                       [registry flags]
 
 One frame: the pools (per model: workers by role and state), one row per worker (role, state, running and waiting
 requests, KV cache usage, prefix-cache hit rate, finished requests and their rate, all from the worker's own
 ``/metrics``), the proxy's request rate and TTFT / inter-token latency percentiles (from ``--metrics-url``; "n/a"
-without it) and the planner's latest figures ("no planner" when the proxy reports none). ``--once`` prints one frame
-and exits (scripts, tests). Data: ``cluster_view.py``; drawing: ``rich`` (a dependency of ``litellm[proxy]``).
+without it; ``--metrics-key``, default ``$LITELLM_MASTER_KEY``, for LiteLLM's ``/metrics``, which asks for a key) and
+the planner's latest figures ("no planner" when the proxy reports none). ``--once`` prints one frame and exits
+(scripts, tests). Data: ``cluster_view.py``; drawing: ``rich`` (a dependency of ``litellm[proxy]``).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def run_top(args: argparse.Namespace) -> int:
 async def _top(args: argparse.Namespace) -> None:
     registry = registry_from_args(args)
     async with httpx.AsyncClient() as client:
-        watcher = ClusterWatcher(registry, client, metrics_url=args.metrics_url)
+        watcher = ClusterWatcher(registry, client, metrics_url=args.metrics_url, metrics_key=args.metrics_key)
         try:
             if args.once:
                 _console().print(render(await watcher.sample()))

@@ -42,9 +42,11 @@ def proxy_page(requests: float, ttft: dict[str, float], planner: bool) -> str:
 class Pages:
     def __init__(self):
         self.pages: dict[str, str] = {}
+        self.auth: dict[str, str | None] = {}
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         url = str(request.url)
+        self.auth[url] = request.headers.get("authorization")
         return httpx.Response(200, text=self.pages[url]) if url in self.pages else httpx.Response(503)
 
 
@@ -63,8 +65,9 @@ async def test_frames_read_gauges_rates_hit_ratios_and_latency_percentiles():
     proxy_url = "http://proxy:4000/metrics"
     pages.pages[proxy_url] = proxy_page(10, {"0.1": 50, "0.5": 90, "1.0": 100, "+Inf": 100}, planner=False)
     async with httpx.AsyncClient(transport=httpx.MockTransport(pages.handler)) as client:
-        watcher = ClusterWatcher(StaticRegistry([p, d]), client, metrics_url=proxy_url)
+        watcher = ClusterWatcher(StaticRegistry([p, d]), client, metrics_url=proxy_url, metrics_key="sk-1")
         first = await watcher.sample()
+        assert pages.auth[proxy_url] == "Bearer sk-1" and pages.auth[f"{d.server_url}/metrics"] is None
         by_id = {w.config.worker_id: w for w in first.workers}
         assert [w.config.worker_id for w in first.workers] == ["d1", "p1"]  # by model, role, id
         assert not by_id["p1"].reachable  # its page answers 503
