@@ -11,7 +11,8 @@ snapshot (``pipeline.context.collect_loads``) reads for every decision:
 Who calls what::
 
     strategy      start(decode)  when the decode worker is chosen; finish(decode) if planning fails
-    orchestrator  start(prefill) / finish(prefill) around each prefill call
+    orchestrator  start(prefill) / finish(prefill) around each prefill call (a concurrent protocol's background
+                  prefill too, under a key of its own per attempt, so a retry's flight is never ended by an earlier one)
     controller    prefill_done(decode) on a stream's first chunk; finish(decode) on its last chunk and on LiteLLM's
                   success/failure events (the first to arrive ends it; the others find nothing)
 
