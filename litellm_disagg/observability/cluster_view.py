@@ -117,7 +117,8 @@ class ClusterWatcher:
 
     async def _page(self, url: str, headers: dict[str, str] | None = None) -> str | None:
         try:
-            response = await self.client.get(url, headers=headers, timeout=self.timeout_s)
+            # LiteLLM's /metrics answers 307 to /metrics/ (httpx keeps the key on a same-origin redirect).
+            response = await self.client.get(url, headers=headers, timeout=self.timeout_s, follow_redirects=True)
             response.raise_for_status()
         except httpx.HTTPError:
             return None

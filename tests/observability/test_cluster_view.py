@@ -47,6 +47,8 @@ class Pages:
     def handler(self, request: httpx.Request) -> httpx.Response:
         url = str(request.url)
         self.auth[url] = request.headers.get("authorization")
+        if url not in self.pages and url + "/" in self.pages:  # as LiteLLM's /metrics does
+            return httpx.Response(307, headers={"location": url + "/"})
         return httpx.Response(200, text=self.pages[url]) if url in self.pages else httpx.Response(503)
 
 
@@ -63,11 +65,11 @@ async def test_frames_read_gauges_rates_hit_ratios_and_latency_percentiles():
     pages = Pages()
     pages.pages[f"{d.server_url}/metrics"] = engine_page(finished=15, queries=1000, hits=250)
     proxy_url = "http://proxy:4000/metrics"
-    pages.pages[proxy_url] = proxy_page(10, {"0.1": 50, "0.5": 90, "1.0": 100, "+Inf": 100}, planner=False)
+    pages.pages[proxy_url + "/"] = proxy_page(10, {"0.1": 50, "0.5": 90, "1.0": 100, "+Inf": 100}, planner=False)
     async with httpx.AsyncClient(transport=httpx.MockTransport(pages.handler)) as client:
         watcher = ClusterWatcher(StaticRegistry([p, d]), client, metrics_url=proxy_url, metrics_key="sk-1")
         first = await watcher.sample()
-        assert pages.auth[proxy_url] == "Bearer sk-1" and pages.auth[f"{d.server_url}/metrics"] is None
+        assert pages.auth[proxy_url + "/"] == "Bearer sk-1" and pages.auth[f"{d.server_url}/metrics"] is None
         by_id = {w.config.worker_id: w for w in first.workers}
         assert [w.config.worker_id for w in first.workers] == ["d1", "p1"]  # by model, role, id
         assert not by_id["p1"].reachable  # its page answers 503
@@ -79,7 +81,7 @@ async def test_frames_read_gauges_rates_hit_ratios_and_latency_percentiles():
         assert first.proxy.itl == {}
 
         pages.pages[f"{d.server_url}/metrics"] = engine_page(finished=25, queries=1400, hits=550)
-        pages.pages[proxy_url] = proxy_page(30, {"0.1": 50, "0.5": 90, "1.0": 110, "+Inf": 110}, planner=True)
+        pages.pages[proxy_url + "/"] = proxy_page(30, {"0.1": 50, "0.5": 90, "1.0": 110, "+Inf": 110}, planner=True)
         second = await watcher.sample()
     dw = next(w for w in second.workers if w.config.worker_id == "d1")
     assert dw.prefix_hit_rate == 0.75  # (550 - 250) / (1400 - 1000): since the previous frame
