@@ -50,6 +50,7 @@ litellm_disagg_worker_kv_usage_ratio                  gauge     model, role, wor
 litellm_disagg_kv_transfers_total                     counter   model, worker             KV transfers the decode worker completed
 litellm_disagg_kv_transfer_seconds_total              counter   model, worker             their durations, added up (mean = ratio of rates)
 litellm_disagg_kv_transfer_tokens_total               counter   model, worker             prompt tokens that arrived by transfer
+litellm_disagg_kv_transfer_bytes_total                counter   model, worker             bytes moved (where the engine reports them)
 **KV index** (KV routing on)
 litellm_disagg_kv_index_blocks                        gauge     kind                      index size (kind: held, distinct, predicted,
                                                                                           pending_release)
@@ -170,6 +171,8 @@ KV_TRANSFER_SECONDS = Counter("litellm_disagg_kv_transfer_seconds_total", "KV tr
                               ["model", "worker"])
 KV_TRANSFER_TOKENS = Counter("litellm_disagg_kv_transfer_tokens_total", "Prompt tokens that arrived by transfer",
                              ["model", "worker"])
+KV_TRANSFER_BYTES = Counter("litellm_disagg_kv_transfer_bytes_total", "KV bytes moved (decode side)",
+                            ["model", "worker"])
 KV_INDEX_BLOCKS = Gauge("litellm_disagg_kv_index_blocks", "Prefix index size", ["kind"],
                         multiprocess_mode="livemostrecent")
 KV_INDEX_WORKERS = Gauge("litellm_disagg_kv_index_workers", "Workers in the prefix index",

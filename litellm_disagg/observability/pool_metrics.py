@@ -182,6 +182,7 @@ class PoolMetrics:
         m.KV_TRANSFERS.labels(model, sample.worker_id).inc(max(0.0, sample.transfers))
         m.KV_TRANSFER_SECONDS.labels(model, sample.worker_id).inc(max(0.0, sample.seconds))
         m.KV_TRANSFER_TOKENS.labels(model, sample.worker_id).inc(max(0.0, sample.tokens))
+        m.KV_TRANSFER_BYTES.labels(model, sample.worker_id).inc(max(0.0, sample.bytes))
 
 
 def _worker_labels(worker_id: str, labels: tuple[str, str, str]) -> tuple[str, str, str]:

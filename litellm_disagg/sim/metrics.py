@@ -97,6 +97,11 @@ class EngineCollector(Collector):
         )
         xfer.add_metric(ids, s.nixl_xfer_time.cumulative(), s.nixl_xfer_time.total)
         yield xfer
+        moved = HistogramMetricFamily(
+            "vllm:nixl_bytes_transferred", "Histogram of bytes transferred per NIXL KV Cache transfers.", labels=base
+        )
+        moved.add_metric(ids, [("+Inf", s.nixl_transfers)], s.nixl_bytes_transferred)  # the sum and count only
+        yield moved
 
 
 def registry_for(engine: SimEngine) -> CollectorRegistry:

@@ -51,8 +51,8 @@ def page(transfers: float, seconds: float, tokens: float, *, start: float | None
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        (page(4, 0.5, 3000), TransferTotals(4.0, 0.5, 3000.0)),
-        (page(4, 0.5, 3000, start=1.7e9), TransferTotals(4.0, 0.5, 3000.0, process_start=1.7e9)),
+        (page(4, 0.5, 3000), TransferTotals(4.0, 0.5, 3000.0, bytes=123456.0)),
+        (page(4, 0.5, 3000, start=1.7e9), TransferTotals(4.0, 0.5, 3000.0, process_start=1.7e9, bytes=123456.0)),
         # an aggregated worker, or one without NixlConnector: no histogram
         ('vllm:num_requests_running 1\nvllm:prompt_tokens_by_source_total{source="external_kv_transfer"} 0\n', None),
         # an older vLLM: the histogram but no tokens by source

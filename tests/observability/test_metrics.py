@@ -197,3 +197,19 @@ def test_up_prints_where_the_metrics_are():
     line = _metrics_line(ROOT / "proxy_config.yaml", "http://127.0.0.1:4000", "sk-x")
     assert line == 'curl -H "Authorization: Bearer sk-x" http://127.0.0.1:4000/metrics'
     assert line in _banner("http://127.0.0.1:4000", "sk-x", "m", "/tmp/r", line)
+
+
+def test_transfer_samples_count_transfers_seconds_tokens_and_bytes():
+    from litellm_disagg.routing.kv.load_scraper import TransferDeltas, TransferTotals
+
+    deltas = TransferDeltas()
+    assert deltas.update("obs-t", TransferTotals(1, 0.1, 100, bytes=1000.0), now=0.0) is None  # the baseline
+    sample = deltas.update("obs-t", TransferTotals(3, 0.4, 300, bytes=5000.0), now=1.0)
+    assert sample is not None and (sample.worker_id, sample.transfers, sample.tokens, sample.bytes) == ("obs-t", 2, 200, 4000)
+    assert sample.seconds == pytest.approx(0.3)
+    pool_metrics = PoolMetrics()
+    pool_metrics.pool_changed(WorkerPool.of([w("obs-t")]))
+    before = value("litellm_disagg_kv_transfer_bytes_total", model="obs-model", worker="obs-t")
+    pool_metrics.also_count_transfers(None)(sample)
+    assert value("litellm_disagg_kv_transfer_bytes_total", model="obs-model", worker="obs-t") == before + 4000.0
+    assert value("litellm_disagg_kv_transfers_total", model="obs-model", worker="obs-t") >= 2

@@ -15,7 +15,8 @@ counters, summed over engines: ``vllm:nixl_xfer_time_seconds`` (a histogram: ``_
 seconds) and ``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}`` (prompt tokens that arrived by
 transfer). Their increases between two successful scrapes of a worker make a ``TransferSample`` (transfers, seconds,
 tokens), handed to the ``on_transfers`` callback (``TransferDeltas`` does the bookkeeping; the router feeds the
-samples to the disaggregation decider; this module knows nothing of it):
+samples to the disaggregation decider and to the metrics; this module knows nothing of them). Where the page has
+``vllm:nixl_bytes_transferred`` (a histogram of bytes per transfer), its ``_sum`` gives the sample's bytes too:
 
 - The first scrape of a worker (or of a new URL for it) only sets the baseline. A counter that went down (the worker
   restarted) or a changed ``process_start_time_seconds`` (where exported) sets a new baseline and drops whatever was
@@ -70,6 +71,8 @@ class _LoadNames:
     seconds: str | None
     tokens: str | None
     """Prompt tokens by source; ``wanted`` keeps only those that arrived by transfer."""
+    bytes: str | None
+    """Bytes moved (the sum of the engine's bytes-per-transfer histogram); optional, for the metrics only."""
     process_start: str
     wanted: prom_text.Wanted
     path: str = "metrics"
@@ -77,6 +80,7 @@ class _LoadNames:
 
     @classmethod
     def of(cls, metrics: MetricNames) -> _LoadNames:
+        transfer_bytes = None if metrics.transfer_bytes is None else f"{metrics.transfer_bytes}_sum"
         names = (
             metrics.requests_waiting,
             metrics.requests_running,
@@ -86,6 +90,7 @@ class _LoadNames:
             metrics.transfer_seconds,
             metrics.prompt_tokens_by_source,
             metrics.process_start,
+            transfer_bytes,
         )
         tokens = metrics.prompt_tokens_by_source
         by_source = {} if tokens is None else {tokens: (metrics.source_label, metrics.transferred_source)}
@@ -97,6 +102,7 @@ class _LoadNames:
             transfers=metrics.transfer_count,
             seconds=metrics.transfer_seconds,
             tokens=tokens,
+            bytes=transfer_bytes,
             process_start=metrics.process_start,
             wanted=prom_text.Wanted(
                 (name for name in names if name is not None),
@@ -135,6 +141,8 @@ class TransferTotals:
     """``vllm:prompt_tokens_by_source_total{source="external_kv_transfer"}``: prompt tokens that arrived by transfer."""
     process_start: float | None = None
     """``process_start_time_seconds`` where the page has it: a change means a restart."""
+    bytes: float | None = None
+    """``vllm:nixl_bytes_transferred_sum``: bytes moved, where the page has it."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,8 @@ class TransferSample:
     transfers: float
     seconds: float
     tokens: float
+    bytes: float = 0.0
+    """Bytes moved (0 when the engine does not report them)."""
 
 
 def _parse(text: str, names: _LoadNames) -> tuple[ScrapedLoad | None, TransferTotals | None]:
@@ -176,7 +186,9 @@ def _parse(text: str, names: _LoadNames) -> tuple[ScrapedLoad | None, TransferTo
         and all(math.isfinite(v) and v >= 0 for v in (transfers, seconds, transferred_tokens))
     ):
         start = sums.get(names.process_start) if counts.get(names.process_start) == 1 else None
-        totals = TransferTotals(transfers, seconds, transferred_tokens, start)
+        moved = sums.get(names.bytes) if names.bytes is not None else None
+        moved = moved if moved is not None and math.isfinite(moved) and moved >= 0 else None
+        totals = TransferTotals(transfers, seconds, transferred_tokens, start, moved)
     return load, totals
 
 
@@ -197,7 +209,7 @@ class TransferDeltas:
     def __init__(self, *, carry_s: float = 5.0):
         self.carry_s = carry_s
         self._base: dict[str, TransferTotals] = {}
-        self._pending: dict[str, tuple[float, float, float]] = {}
+        self._pending: dict[str, tuple[float, float, float, float]] = {}
         self._pending_since: dict[str, float] = {}
 
     def update(self, worker_id: str, totals: TransferTotals | None, now: float) -> TransferSample | None:
@@ -212,15 +224,17 @@ class TransferDeltas:
         since = self._pending_since.get(worker_id)
         if since is not None and now - since > self.carry_s:
             self._clear(worker_id)
-        transfers, seconds, tokens = self._pending.get(worker_id, (0.0, 0.0, 0.0))
+        transfers, seconds, tokens, moved = self._pending.get(worker_id, (0.0, 0.0, 0.0, 0.0))
         transfers += totals.transfers - base.transfers
         seconds += totals.seconds - base.seconds
         tokens += totals.tokens - base.tokens
+        if totals.bytes is not None and base.bytes is not None:
+            moved += max(0.0, totals.bytes - base.bytes)
         if transfers > 0 and tokens > 0:
             self._clear(worker_id)
-            return TransferSample(worker_id, transfers, seconds, tokens)
+            return TransferSample(worker_id, transfers, seconds, tokens, moved)
         if transfers > 0 or tokens > 0:  # one side so far: wait for the other
-            self._pending[worker_id] = (transfers, seconds, tokens)
+            self._pending[worker_id] = (transfers, seconds, tokens, moved)
             self._pending_since.setdefault(worker_id, now)
         else:
             self._clear(worker_id)
