@@ -179,6 +179,15 @@ async def test_every_panel_returns_data_from_a_real_prometheus(tmp_path, prometh
                 sent += len(bodies)
                 await asyncio.sleep(1.2)  # spread the load over several scrapes
 
+            # What up prints (the shipped config): the requests just sent, counted and timed.
+            page = await client.get(f"{proxy_base}/metrics/", headers=headers)
+            assert page.status_code == 200 and "litellm_disagg_time_to_first_token_seconds_bucket" in page.text
+            counted = sum(
+                float(line.rsplit(" ", 1)[1]) for line in page.text.splitlines()
+                if line.startswith("litellm_disagg_requests_total{")
+            )
+            assert counted == sent
+
             targets = dashboard_targets()
             missing: list[str] = []
 

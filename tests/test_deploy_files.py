@@ -55,7 +55,7 @@ def test_shipped_proxy_config_serves_metrics_and_the_scrape_config_matches():
     assert DisaggSettings.from_proxy_config(config).metrics.port is None
     prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
     [job] = [j for j in prometheus["scrape_configs"] if j["job_name"] == "litellm-proxy"]
-    assert job["metrics_path"] == "/metrics" and job["authorization"]["type"] == "Bearer"
+    assert job["metrics_path"] == "/metrics/" and job["authorization"]["type"] == "Bearer"
 
 
 def test_grafana_dashboards_parse_and_every_panel_queries_prometheus():

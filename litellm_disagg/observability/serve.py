@@ -85,7 +85,8 @@ def metrics_endpoints(proxy_config: dict[str, Any] | None, proxy_base: str) -> l
     callbacks = settings.get("callbacks") or []
     if "prometheus" in ([callbacks] if isinstance(callbacks, str) else callbacks):
         auth = settings.get("require_auth_for_metrics_endpoint", True) is not False
-        found.append(MetricsEndpoint(f"{proxy_base}/metrics", needs_key=auth))
+        # LiteLLM mounts an app at /metrics: /metrics answers 307 to /metrics/ (Prometheus follows it, curl does not).
+        found.append(MetricsEndpoint(f"{proxy_base}/metrics/", needs_key=auth))
     section = config.get("litellm_disagg") or {}
     metrics = MetricsSettings.model_validate((section.get("metrics") if isinstance(section, dict) else None) or {})
     if metrics.port is not None:

@@ -174,7 +174,7 @@ def test_pool_gauges_follow_discovery_and_drop_departed_workers():
 def test_the_shipped_proxy_config_serves_metrics_on_the_proxy_with_the_key():
     config = yaml.safe_load((ROOT / "proxy_config.yaml").read_text())
     [endpoint] = metrics_endpoints(config, "http://127.0.0.1:4000")
-    assert endpoint.url == "http://127.0.0.1:4000/metrics" and endpoint.needs_key
+    assert endpoint.url == "http://127.0.0.1:4000/metrics/" and endpoint.needs_key
     assert "Bearer sk-x" in endpoint.curl("sk-x")
     config["litellm_disagg"]["metrics"] = {"port": 9464}
     assert [e.url for e in metrics_endpoints(config, "http://h:1")][1] == "http://127.0.0.1:9464/metrics"
@@ -195,7 +195,7 @@ def test_up_prints_where_the_metrics_are():
     from litellm_disagg.stack import _banner, _metrics_line
 
     line = _metrics_line(ROOT / "proxy_config.yaml", "http://127.0.0.1:4000", "sk-x")
-    assert line == 'curl -H "Authorization: Bearer sk-x" http://127.0.0.1:4000/metrics'
+    assert line == 'curl -H "Authorization: Bearer sk-x" http://127.0.0.1:4000/metrics/'
     assert line in _banner("http://127.0.0.1:4000", "sk-x", "m", "/tmp/r", line)
 
 
