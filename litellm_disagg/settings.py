@@ -18,6 +18,7 @@ from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.observability.serve import MetricsSettings
 from litellm_disagg.observability.tracing import TracingSettings
+from litellm_disagg.routing.admission import AdmissionSettings
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
 
 
@@ -60,6 +61,8 @@ class DisaggSettings(BaseModel):
     failure_cooldown_s: Annotated[float, Field(ge=0)] = 5.0
     """A worker whose call just failed (unreachable, 5xx, timeout) gets no new work for this long, unless it is the
     only one. Bridges the gap between a crash and discovery noticing it."""
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    """Which discovery entries may become workers (allowed models, hosts); see ``routing/admission.py``."""
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     """Prometheus metrics on a port of their own (``observability/serve.py``); off by default, as LiteLLM's
     ``/metrics`` serves them when its ``prometheus`` callback is on (docs/observability.md)."""

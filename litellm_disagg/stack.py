@@ -1,8 +1,9 @@
 """``litellm-disagg up``: a local disaggregated stack on one machine.
 
 One prefill worker, one decode worker (each a ``litellm-disagg worker`` process running vLLM) and the LiteLLM proxy
-with ``proxy_config.yaml``, sharing a fresh file registry. Prints the base URL, the key and an OpenAI SDK example;
-stops everything (workers drain) on Ctrl-C or SIGTERM, or when any part dies.
+with ``proxy_config.yaml``, sharing a fresh file registry, under a ``Supervisor``: a part that dies is restarted (with
+backoff, logged) while the others keep serving (the proxy serves aggregated while the prefill worker is gone). Prints
+the base URL, the key and an OpenAI SDK example; only Ctrl-C or SIGTERM stops everything (workers drain).
 """
 
 from __future__ import annotations
@@ -11,16 +12,17 @@ import argparse
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
 from litellm_disagg.discovery.file.settings import ENV_REGISTRY_DIR
-from litellm_disagg.processes import spawn, stop, wait_until
+from litellm_disagg.processes import wait_until
+from litellm_disagg.supervisor import ChildSpec, Supervisor
 
 STATE_DIR = Path.home() / ".cache" / "litellm-disagg"
 
@@ -62,7 +64,6 @@ def run_stack(args: argparse.Namespace) -> int:
     worker_env = dict(env)
     worker_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
 
-    procs: dict[str, subprocess.Popen[bytes]] = {}
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -70,44 +71,49 @@ def run_stack(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    try:
-        for role in ("prefill", "decode"):
-            procs[role] = spawn(
-                [sys.executable, "-m", "litellm_disagg.cli", "worker", "--role", role, "--model", model_dir,
-                 "--served-model-name", served, "--host", args.host, "--kv-cache-mib", str(args.kv_cache_mib),
-                 "--max-model-len", str(args.max_model_len), "--registry-dir", registry],
-                env=worker_env, log=logs / f"{role}.log",
-            )
-        procs["proxy"] = spawn(
-            [sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(config), "--host", args.host, "--port", str(args.port)],
-            env=env, log=logs / "proxy.log",
+    specs = [
+        ChildSpec(
+            role,
+            (sys.executable, "-m", "litellm_disagg.cli", "worker", "--role", role, "--model", model_dir,
+             "--served-model-name", served, "--host", args.host, "--kv-cache-mib", str(args.kv_cache_mib),
+             "--max-model-len", str(args.max_model_len), "--registry-dir", registry),
+            worker_env, logs / f"{role}.log", stop_timeout_s=180,
         )
+        for role in ("prefill", "decode")
+    ]
+    specs.append(ChildSpec(
+        "proxy",
+        (sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(config), "--host", args.host, "--port", str(args.port)),
+        env, logs / "proxy.log", stop_timeout_s=20,
+    ))
+    supervisor = Supervisor(specs, on_event=lambda message: print(f"litellm-disagg up: {message}", file=sys.stderr, flush=True))
+
+    def supervise() -> bool:
+        supervisor.check()
+        return True
+
+    try:
+        supervisor.start()
         base = f"http://{args.host}:{args.port}"
         print(f"starting workers and the proxy (logs in {logs}); this takes about a minute on CPU...", flush=True)
         wait_until(lambda: proxy_ready(base, key, served) or stopping.is_set(), timeout_s=900, interval_s=1.0,
-                   alive=lambda: all(p.poll() is None for p in procs.values()), what="the stack")
+                   alive=supervise, what="the stack")
         if stopping.is_set():
             return 0
-        _wait_both_roles(registry, served, stopping, procs)
+        _wait_both_roles(registry, served, stopping, supervise)
         print(_banner(base, key, served, registry, _metrics_line(config, base, key)), flush=True)
         while not stopping.wait(1.0):
-            dead = [name for name, p in procs.items() if p.poll() is not None]
-            if dead:
-                print(f"{', '.join(dead)} exited; stopping the stack (logs in {logs})", file=sys.stderr)
-                return 1
+            supervisor.check()
         return 0
     except (RuntimeError, TimeoutError) as exc:
         print(f"the stack did not start: {exc}; logs in {logs}", file=sys.stderr)
         return 1
     finally:
         print("stopping: proxy first, then the workers drain...", flush=True)
-        if "proxy" in procs:
-            stop(procs.pop("proxy"), timeout_s=20)
-        for proc in procs.values():
-            stop(proc, timeout_s=180)
+        supervisor.stop(order=["proxy"])
 
 
-def _wait_both_roles(registry: str, served: str, stopping: threading.Event, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+def _wait_both_roles(registry: str, served: str, stopping: threading.Event, supervise: Callable[[], bool]) -> None:
     import asyncio
 
     from litellm_disagg.discovery.file.registry import FileRegistry
@@ -116,7 +122,7 @@ def _wait_both_roles(registry: str, served: str, stopping: threading.Event, proc
         roles = {c.role.value for c in asyncio.run(FileRegistry(registry).snapshot()) if c.model == served and c.routable}
         return {"prefill", "decode"} <= roles or stopping.is_set()
 
-    wait_until(both_ready, timeout_s=900, interval_s=1.0, alive=lambda: all(p.poll() is None for p in procs.values()), what="both workers")
+    wait_until(both_ready, timeout_s=900, interval_s=1.0, alive=supervise, what="both workers")
 
 
 def _mkdir(path: Path) -> Path:
@@ -154,5 +160,5 @@ litellm-disagg is up: prefill and decode workers behind the LiteLLM proxy.
   reply = client.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "What is the capital of France?"}}])
   print(reply.choices[0].message.content)
 
-Ctrl-C stops everything.
+A worker or the proxy that dies is restarted (with backoff); Ctrl-C stops everything.
 """

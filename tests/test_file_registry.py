@@ -76,3 +76,53 @@ async def test_watch_sees_a_change_within_a_second(tmp_path):
     assert seen == [[], ["prefill-a-8100"]]
     assert time.monotonic() - start < 1.0
     await reg.close()
+
+
+def _entry(worker_id: str, heartbeat_at: object) -> str:
+    return json.dumps({"heartbeat_at": heartbeat_at, "config": cfg(worker_id=worker_id).model_dump(mode="json")}).replace(
+        '"heartbeat_at": "X"', '"heartbeat_at": X'
+    )
+
+
+async def test_hostile_entries_are_skipped_without_blocking(tmp_path, caplog):
+    import os
+
+    reg = FileRegistry(tmp_path)
+    await reg.publish(cfg(worker_id="good-1"))
+    target = tmp_path / "elsewhere.json"
+    target.write_text(_entry("linked-1", time.time()))
+    (tmp_path / "linked-1.worker.json").symlink_to(target)  # a symlink: never followed
+    os.mkfifo(tmp_path / "fifo-1.worker.json")  # a FIFO: opening it for reading would block a naive reader
+    (tmp_path / "huge-1.worker.json").write_text(_entry("huge-1", time.time()) + " " * 70_000)
+    (tmp_path / "nan-1.worker.json").write_text(_entry("nan-1", "X").replace("X", "NaN"))
+    (tmp_path / "inf-1.worker.json").write_text(_entry("inf-1", "X").replace("X", "1e400"))
+    (tmp_path / "future-1.worker.json").write_text(_entry("future-1", time.time() + 3600))
+    snapshot = await asyncio.wait_for(reg.snapshot(), timeout=30)
+    assert [c.worker_id for c in snapshot] == ["good-1"]
+    log = caplog.text
+    for name, why in [("linked-1", "not a regular file"), ("fifo-1", "not a regular file"), ("huge-1", "bytes, more than"),
+                      ("nan-1", "not finite"), ("inf-1", "not finite"), ("future-1", "in the future")]:
+        assert f"{name}.worker.json: " in log and why in log.split(f"{name}.worker.json: ", 1)[1].split("\n", 1)[0]
+
+
+async def test_a_directory_others_can_write_is_warned_about(tmp_path, caplog):
+    (tmp_path / "reg").mkdir(mode=0o777)
+    (tmp_path / "reg").chmod(0o777)
+    await FileRegistry(tmp_path / "reg").snapshot()
+    assert "writable by its group or by everyone" in caplog.text
+
+
+async def test_thousands_of_entries_are_parsed_once_while_unchanged(tmp_path, monkeypatch):
+    now = time.time()
+    for i in range(3000):
+        (tmp_path / f"w-{i}.worker.json").write_text(_entry(f"w-{i}", now))
+    reg = FileRegistry(tmp_path, ttl_s=600)
+    assert len(await reg.snapshot()) == 3000
+    parses = []
+    real = reg._parse
+    monkeypatch.setattr(reg, "_parse", lambda path, info: parses.append(path.name) or real(path, info))
+    assert len(await reg.snapshot()) == 3000 and parses == []  # unchanged: one stat each, no parse
+    (tmp_path / "w-7.worker.json").write_text(_entry("w-7", now + 1))
+    assert len(await reg.snapshot()) == 3000 and parses == ["w-7.worker.json"]
+    (tmp_path / "w-8.worker.json").unlink()
+    assert len(await reg.snapshot()) == 2999

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from litellm_disagg.processes import spawn, stop, wait_until
+from litellm_disagg.processes import kill_tree, spawn, stop, wait_until
 
 from .support.net import free_port, metric
 
@@ -48,6 +48,23 @@ def test_up_serves_the_real_small_model_disaggregated(tmp_path):
         external = metric(decode_url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
         assert external >= reply.usage.prompt_tokens - 1  # the prompt's KV came from the prefill worker
 
+        # kill -9 of the prefill worker: the proxy keeps serving (aggregated), the supervisor starts it again, and
+        # requests are disaggregated again once it is back.
+        prefill_id = by_role["prefill"]["worker_id"]
+        kill_tree(_child_pid(proc.pid, "prefill"))
+        wait_until(lambda: "prefill exited with code" in log.read_text(errors="replace"), timeout_s=60, interval_s=0.5,
+                   alive=lambda: proc.poll() is None, what="`up` to notice the dead prefill worker")
+        reply = client.chat.completions.create(model="smollm2-135m-instruct", temperature=0, max_tokens=8,
+                                               messages=[{"role": "user", "content": "Name a colour."}])
+        assert reply.choices[0].message.content  # served while the prefill worker is gone
+        wait_until(lambda: _ready_prefill(registry, exclude=prefill_id), timeout_s=300, interval_s=1,
+                   alive=lambda: proc.poll() is None, what="the restarted prefill worker")
+        before = metric(decode_url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
+        reply = client.chat.completions.create(model="smollm2-135m-instruct", temperature=0, max_tokens=8,
+                                               messages=[{"role": "user", "content": "Name a fruit, please."}])
+        assert metric(decode_url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") > before
+        assert "prefill restarted" in log.read_text(errors="replace")
+
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=240) == 0
         with pytest.raises(httpx.HTTPError):
@@ -56,3 +73,23 @@ def test_up_serves_the_real_small_model_disaggregated(tmp_path):
             httpx.get(f"{decode_url}/health", timeout=2)
     finally:
         stop(proc, timeout_s=60)
+
+
+def _child_pid(up_pid: int, role: str) -> int:
+    """The `litellm-disagg worker --role ROLE` process that `up` started."""
+    import psutil
+
+    for child in psutil.Process(up_pid).children(recursive=True):
+        cmdline = child.cmdline()
+        if "worker" in cmdline and "--role" in cmdline and cmdline[cmdline.index("--role") + 1] == role:
+            return child.pid
+    raise AssertionError(f"no {role} worker under `up`")
+
+
+def _ready_prefill(registry: str, *, exclude: str) -> bool:
+    import asyncio
+
+    from litellm_disagg.discovery.file.registry import FileRegistry
+
+    configs = asyncio.run(FileRegistry(registry).snapshot())
+    return any(c.role.value == "prefill" and c.routable and c.worker_id != exclude for c in configs)

@@ -20,6 +20,7 @@ from litellm_disagg.observability.pool_metrics import PoolMetrics
 from litellm_disagg.observability.requests import RequestMetrics
 from litellm_disagg.routing import deployments
 from litellm_disagg.routing.accounting import Accounting, FlightKey
+from litellm_disagg.routing.admission import Admission
 from litellm_disagg.routing.cooldown import FailureCooldown
 from litellm_disagg.routing.orchestrator import Orchestrator
 from litellm_disagg.routing.pipeline.pipeline import Pipeline
@@ -28,6 +29,7 @@ from litellm_disagg.routing.pipeline.providers import ContextProvider, LoadProvi
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.route_plan import RoutePlanner
 from litellm_disagg.routing.strategy import DisaggRoutingStrategy
+from litellm_disagg.runtime_config import RuntimeConfig
 from litellm_disagg.settings import DisaggSettings
 from litellm_disagg.transfer.prefill import PrefillClient
 from litellm_disagg.discovery.registry import Registry
@@ -45,6 +47,7 @@ class DisaggController:
         self.settings = settings
         self.registry = registry
         self.pool = WorkerPool()
+        self.admission = Admission(settings.admission, model_groups=settings.model_groups)
         kv_settings = settings.kv_routing
         self.accounting = Accounting(max_age_s=kv_settings.load.inflight_max_age_s)
         self.cooldown = FailureCooldown(cooldown_s=settings.failure_cooldown_s)
@@ -143,6 +146,13 @@ class DisaggController:
         else:
             self.accounting.prefill_done(FlightKey.decode(call_id))
 
+    def admit(self, configs: list[RuntimeConfig]) -> list[RuntimeConfig]:
+        """The entries this router may route to (``routing/admission.py``): allowed models and hosts, and never a
+        model group the operator configured by hand."""
+        taken = deployments.operator_groups(self.router)
+        group = self.settings.model_group
+        return self.admission.admit(configs, operator_group=lambda worker: group(worker.model) in taken)
+
     def apply(self, pool: WorkerPool) -> None:
         self.pool = pool
         if self.kv is not None:
@@ -155,7 +165,7 @@ class DisaggController:
         while True:
             try:
                 async for configs in self.registry.watch():
-                    self.apply(WorkerPool.of(configs))
+                    self.apply(WorkerPool.of(self.admit(configs)))
                 return
             except asyncio.CancelledError:
                 raise

@@ -4,6 +4,12 @@ Each file holds ``{"heartbeat_at": <unix time>, "config": <RuntimeConfig>}`` and
 temporary file in the same directory, then rename), so a reader never sees half a file. Entries whose heartbeat is
 older than ``ttl_s`` are ignored (and swept by the next writer). Readers poll; ``watch`` notices a change within
 ``poll_interval_s``. All file I/O runs in a thread so the event loop never blocks on the disk.
+
+Entries are claims, not facts: anyone who can write the directory can write one. A reader skips (and logs once) what
+is not a plain file (a symlink, a FIFO, a device), a file larger than ``MAX_ENTRY_BYTES``, a heartbeat that is not a
+finite number or lies in the future (beyond ``ttl_s`` of clock skew), and invalid configs; and it warns once when the
+directory is writable by its group or by everyone. An unchanged file (same size, modification time and inode) is not
+parsed again, so a directory of thousands of entries costs one ``stat`` each per poll.
 """
 
 from __future__ import annotations
@@ -11,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
+import stat as stat_mod
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -28,6 +36,8 @@ from litellm_disagg.runtime_config import RuntimeConfig
 logger = logging.getLogger(__name__)
 
 _SUFFIX = ".worker.json"
+MAX_ENTRY_BYTES = 64 * 1024
+"""A RuntimeConfig is well under 2 KiB; anything this large is not one."""
 
 
 class FileRegistry:
@@ -43,6 +53,9 @@ class FileRegistry:
         self._closed = asyncio.Event()
         self._status = DiscoveryStatus("file registry")
         self._warned: set[tuple[str, float]] = set()
+        self._parsed: dict[str, tuple[tuple[int, int, int], float, RuntimeConfig]] = {}
+        """File name -> ((size, mtime_ns, inode), heartbeat_at, config) of its last valid parse."""
+        self._warned_dir = False
 
     @classmethod
     def from_settings(cls, settings: FileRegistrySettings) -> FileRegistry:
@@ -92,9 +105,12 @@ class FileRegistry:
             paths = sorted(self.directory.glob(f"*{_SUFFIX}"))
         except OSError as exc:
             raise RegistryError(f"cannot list registry directory {self.directory}: {exc}") from exc
+        self._check_directory()
         now = time.time()
         live: dict[str, RuntimeConfig] = {}
+        seen: set[str] = set()
         for path in paths:
+            seen.add(path.name)
             config = self._read_one(path, now)
             if config is None:
                 continue
@@ -102,33 +118,85 @@ class FileRegistry:
                 self._warn_once(path, f"duplicate worker_id {config.worker_id!r}: skipped")
                 continue
             live[config.worker_id] = config
+        for gone in set(self._parsed) - seen:
+            del self._parsed[gone]
         return list(live.values())
+
+    def _check_directory(self) -> None:
+        if self._warned_dir:
+            return
+        try:
+            mode = self.directory.stat().st_mode
+        except OSError:
+            return
+        if mode & (stat_mod.S_IWGRP | stat_mod.S_IWOTH):
+            self._warned_dir = True
+            logger.warning(
+                "registry %s is writable by its group or by everyone: anyone who can write it can announce workers",
+                self.directory,
+            )
 
     def _read_one(self, path: Path, now: float) -> RuntimeConfig | None:
         try:
-            stat = path.stat()
-            raw = path.read_text()
+            info = os.lstat(path)
         except FileNotFoundError:
             return None  # withdrawn between listing and reading
         except OSError as exc:
             self._warn_once(path, f"unreadable: {exc}", stat_mtime=0.0)
             return None
+        if not stat_mod.S_ISREG(info.st_mode):
+            self._warn_once(path, "not a regular file (symlink, FIFO, device...): skipped", info.st_mtime)
+            return None
+        if info.st_size > MAX_ENTRY_BYTES:
+            self._warn_once(path, f"{info.st_size} bytes, more than {MAX_ENTRY_BYTES}: skipped", info.st_mtime)
+            return None
+        key = (info.st_size, info.st_mtime_ns, info.st_ino)
+        cached = self._parsed.get(path.name)
+        if cached is not None and cached[0] == key:
+            heartbeat_at, config = cached[1], cached[2]
+        else:
+            parsed = self._parse(path, info)
+            if parsed is None:
+                self._parsed.pop(path.name, None)
+                return None
+            heartbeat_at, config = parsed
+            self._parsed[path.name] = (key, heartbeat_at, config)
+        if heartbeat_at > now + self.ttl_s:
+            self._warn_once(path, "heartbeat in the future: skipped", info.st_mtime)
+            return None
+        if now - heartbeat_at > self.ttl_s:
+            return None
+        return config
+
+    def _parse(self, path: Path, info: os.stat_result) -> tuple[float, RuntimeConfig] | None:
         try:
+            # O_NOFOLLOW and O_NONBLOCK: a symlink or FIFO swapped in after the lstat can neither redirect nor block us.
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                raw = f.read(MAX_ENTRY_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._warn_once(path, f"unreadable: {exc}", stat_mtime=info.st_mtime)
+            return None
+        try:
+            if len(raw) > MAX_ENTRY_BYTES:
+                raise ValueError(f"more than {MAX_ENTRY_BYTES} bytes")
             record: Any = json.loads(raw)
             heartbeat_at = record["heartbeat_at"]
             if not isinstance(heartbeat_at, (int, float)) or isinstance(heartbeat_at, bool):
                 raise TypeError("heartbeat_at is not a number")
+            if not math.isfinite(heartbeat_at):
+                raise ValueError("heartbeat_at is not finite")
             config = RuntimeConfig.model_validate(record["config"])
         except (ValueError, KeyError, TypeError, ValidationError) as exc:
-            self._warn_once(path, f"invalid entry skipped: {_one_line(exc)}", stat_mtime=stat.st_mtime)
-            return None
-        if now - heartbeat_at > self.ttl_s:
+            self._warn_once(path, f"invalid entry skipped: {_one_line(exc)}", stat_mtime=info.st_mtime)
             return None
         expected = path.name[: -len(_SUFFIX)]
         if config.worker_id != expected:
-            self._warn_once(path, f"worker_id {config.worker_id!r} does not match file name: skipped", stat.st_mtime)
+            self._warn_once(path, f"worker_id {config.worker_id!r} does not match file name: skipped", info.st_mtime)
             return None
-        return config
+        return float(heartbeat_at), config
 
     def _warn_once(self, path: Path, message: str, stat_mtime: float = 0.0) -> None:
         key = (path.name, stat_mtime)
