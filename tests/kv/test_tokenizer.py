@@ -96,13 +96,36 @@ async def test_chat_uses_the_template_with_a_generation_prompt_and_no_special_to
             {"tools": [{"type": "function", "function": {"name": "f"}}]},
             {"tools": [{"type": "function", "function": {"name": "f"}}]},
         ),
-        ({"chat_template": "{{ messages[0]['content'] }}"}, {"chat_template": "{{ messages[0]['content'] }}"}),
     ],
 )
 async def test_chat_template_options(model_dir: Path, hf: Any, extra: dict[str, Any], render: dict[str, Any]) -> None:
     ids = await local(model_dir).tokenize(model="tiny", endpoint=Endpoint.CHAT, fields={"messages": MESSAGES, **extra})
     text = hf.apply_chat_template(MESSAGES, tokenize=False, **({"add_generation_prompt": True} | render))
     assert ids == hf(text, add_special_tokens=False)["input_ids"]
+
+
+async def test_a_client_supplied_chat_template_is_never_rendered(model_dir: Path, monkeypatch: Any) -> None:
+    from litellm_disagg.routing.kv import tokenizer as tokenizer_mod
+
+    rendered: list[object] = []
+    monkeypatch.setattr(tokenizer_mod, "_encode_locked", lambda *args: rendered.append(args) or [1])
+    fields = {"messages": MESSAGES, "chat_template": "{% for x in range(10**9) %}{% endfor %}"}
+    assert await local(model_dir).tokenize(model="tiny", endpoint=Endpoint.CHAT, fields=fields) is None
+    assert rendered == []  # routed on load alone, nothing rendered
+
+
+async def test_local_tokenization_is_bounded_by_the_timeout(model_dir: Path, monkeypatch: Any) -> None:
+    import threading
+
+    from litellm_disagg.routing.kv import tokenizer as tokenizer_mod
+
+    release = threading.Event()
+    monkeypatch.setattr(tokenizer_mod, "_encode_locked", lambda *args: release.wait(30) and [1])
+    slow = PromptTokenizer(TokenizerSettings(model_dirs={"tiny": str(model_dir)}, http_fallback=False, timeout_s=0.05))
+    try:
+        assert await slow.tokenize(model="tiny", endpoint=Endpoint.CHAT, fields={"messages": MESSAGES}) is None
+    finally:
+        release.set()
 
 
 async def test_text_parts_are_joined_with_newlines(model_dir: Path) -> None:
@@ -162,14 +185,20 @@ async def test_remote_fallback_for_a_model_without_a_directory() -> None:
     assert stub.bodies[-1] == {"model": "big", "prompt": "hi"}
 
 
-async def test_local_failure_falls_back_to_the_worker(model_dir: Path) -> None:
+async def test_local_failure_falls_back_to_the_worker(model_dir: Path, monkeypatch: Any) -> None:
     stub = StubWorker([4, 4])
     tokenizer = PromptTokenizer(TokenizerSettings(model_dirs={"tiny": str(model_dir)}), client=stub.client())
     image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]
     assert await tokenizer.tokenize(
         model="tiny", endpoint=Endpoint.CHAT, fields={"messages": image}, worker_url="http://w"
     ) == [4, 4]
-    broken = {"messages": MESSAGES, "chat_template": "{% if %}"}
+    from litellm_disagg.routing.kv import tokenizer as tokenizer_mod
+
+    def broken_template(*args: Any) -> list[int]:
+        raise ValueError("the model's template failed")
+
+    monkeypatch.setattr(tokenizer_mod, "_encode_locked", broken_template)
+    broken = {"messages": MESSAGES}
     assert await tokenizer.tokenize(model="tiny", endpoint=Endpoint.CHAT, fields=broken, worker_url="http://w") == [
         4,
         4,

@@ -109,11 +109,22 @@ class PromptTokenizer:
                 return None
         elif not isinstance(fields.get("messages"), list) or not fields.get("messages"):
             return None
+        if fields.get("chat_template") is not None:
+            # A client-supplied template is code the proxy would run (vLLM refuses it by default): route on load.
+            return None
         if model in self.settings.model_dirs:
             try:
                 loaded = await self._tokenizer(model)
                 if loaded is not None:
-                    return await asyncio.to_thread(_encode_locked, loaded, endpoint, fields)
+                    # Bounded like the HTTP fallback: past the timeout the request is routed on load alone (the
+                    # thread finishes in the background; its result is dropped).
+                    return await asyncio.wait_for(
+                        asyncio.to_thread(_encode_locked, loaded, endpoint, fields), timeout=self.settings.timeout_s
+                    )
+            except TimeoutError:
+                logger.warning("model %s: local tokenization took over %.1f s; routing on load", model,
+                               self.settings.timeout_s)
+                return None
             except Unsupported as exc:
                 logger.debug("model %s: not tokenized locally: %s", model, exc)
             except Exception as exc:  # a template error, an unexpected tokenizer output: let the worker try
