@@ -48,6 +48,14 @@ def test_up_serves_the_real_small_model_disaggregated(tmp_path):
         external = metric(decode_url, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer")
         assert external >= reply.usage.prompt_tokens - 1  # the prompt's KV came from the prefill worker
 
+        # The metrics URL `up` printed counts and times the request just sent (docs/observability.md).
+        metrics_url = re.search(r"metrics  : curl -H \"Authorization: Bearer \S+\" (\S+)", banner).group(1)
+        page = httpx.get(metrics_url, headers={"Authorization": f"Bearer {key}"}, timeout=10, follow_redirects=True).text
+        counted = re.search(r'litellm_disagg_requests_total\{[^}]*mode="disaggregated"[^}]*\} (\S+)', page)
+        assert counted is not None and float(counted.group(1)) >= 1, page[:2000]
+        timed = re.search(r"litellm_disagg_request_duration_seconds_count\{[^}]*\} (\S+)", page)
+        assert timed is not None and float(timed.group(1)) >= 1
+
         # kill -9 of the prefill worker: the proxy keeps serving (aggregated), the supervisor starts it again, and
         # requests are disaggregated again once it is back.
         prefill_id = by_role["prefill"]["worker_id"]

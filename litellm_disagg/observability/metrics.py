@@ -31,6 +31,9 @@ litellm_disagg_prefill_failovers_total                counter   model, worker, c
 litellm_disagg_decode_aborts_total                    counter   worker                    decode ended: its concurrent prefill (SGLang) failed
 litellm_disagg_aggregated_fallbacks_total             counter   model, cause              served aggregated for lack of a prefill
                                                                                           (FALLBACK_CAUSES); 0 from the model's first sight
+litellm_disagg_prefill_cost_estimate_seconds          histogram model, option             the remote-or-local decision's estimated time to
+                                                                                          the prompt computed, per request (option: remote,
+                                                                                          local; KV routing's cost model, auto mode)
 litellm_disagg_cost_model_tokens_per_second           gauge     phase                     KV routing's fitted rate (phase: prefill, transfer)
 litellm_disagg_cost_model_overhead_seconds            gauge     phase                     KV routing's fitted fixed cost per call
 **pools and workers** (refreshed every ``sync_interval_s``)
@@ -140,6 +143,9 @@ DECODE_ABORTS = Counter("litellm_disagg_decode_aborts_total",
                         "Decode calls ended because their concurrent prefill failed", ["worker"])
 AGGREGATED_FALLBACKS = Counter("litellm_disagg_aggregated_fallbacks_total",
                                "Requests served aggregated for lack of a prefill", ["model", "cause"])
+COST_ESTIMATE = Histogram("litellm_disagg_prefill_cost_estimate_seconds",
+                          "The remote-or-local decision's estimate, per request", ["model", "option"],
+                          buckets=TTFT_BUCKETS)
 COST_RATE = Gauge("litellm_disagg_cost_model_tokens_per_second", "KV routing's fitted rate", ["phase"],
                   multiprocess_mode="livemostrecent")
 COST_OVERHEAD = Gauge("litellm_disagg_cost_model_overhead_seconds", "KV routing's fitted fixed cost per call",

@@ -96,6 +96,10 @@ class RequestMetrics:
         m.SELECTION.labels(model).observe(max(0.0, selection_s))
         m.ROUTE.labels(model, mode).observe(max(0.0, now - started))
         self._workers(plan, outcome, model)
+        if plan.remote_cost_s is not None:
+            m.COST_ESTIMATE.labels(model, "remote").observe(plan.remote_cost_s)
+        if plan.local_cost_s is not None:
+            m.COST_ESTIMATE.labels(model, "local").observe(plan.local_cost_s)
         if mode == "local_prefill" and plan.local_reason is not None:
             m.LOCAL_PREFILLS.labels(model, local_reason_label(plan.local_reason)).inc()
         if outcome.prefill_worker_id is not None and outcome.prefill_seconds is not None:

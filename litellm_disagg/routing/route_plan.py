@@ -56,6 +56,9 @@ class RoutePlan:
     cached_tokens: Mapping[str, int] = field(default_factory=dict)
     decode_selection: Selection = field(default_factory=lambda: Selection(None, "none"))
     prefill_selection: Selection = field(default_factory=lambda: Selection(None, "none"))
+    remote_cost_s: float | None = None
+    local_cost_s: float | None = None
+    """The decision's estimates (KV routing's cost model), when it computed them."""
 
     @property
     def local_prefill_tokens(self) -> int:
@@ -124,6 +127,7 @@ class RoutePlanner:
         if not request.splittable:
             return RoutePlan(decode, (), NOT_SPLITTABLE, NOT_SPLITTABLE, **common)  # type: ignore[arg-type]
         decision = self.provider.decide(prompt, decode_selection, prefill_selection)
+        common.update(remote_cost_s=decision.remote_cost_s, local_cost_s=decision.local_cost_s)
         if not decision.remote and prefill_candidates and not serves_alone(decode):
             decision = DisaggDecision(True, DECODE_CANNOT_PREFILL)
         if decision.remote:

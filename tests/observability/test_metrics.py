@@ -213,3 +213,18 @@ def test_transfer_samples_count_transfers_seconds_tokens_and_bytes():
     pool_metrics.also_count_transfers(None)(sample)
     assert value("litellm_disagg_kv_transfer_bytes_total", model="obs-model", worker="obs-t") == before + 4000.0
     assert value("litellm_disagg_kv_transfers_total", model="obs-model", worker="obs-t") >= 2
+
+
+def test_the_decisions_cost_estimates_are_recorded_per_request():
+    requests = RequestMetrics(clock=lambda: 1.0)
+    decode = w("obs-cost-d1")
+    labels = {"model": "obs-model"}
+    before = {o: value("litellm_disagg_prefill_cost_estimate_seconds_count", option=o, **labels) for o in ("remote", "local")}
+    chosen = RoutePlan(decode, (), "local 1.0 ms <= remote 9.0 ms", "local 1.0 ms <= remote 9.0 ms",
+                       remote_cost_s=0.009, local_cost_s=0.001)
+    requests.routed("cost-call", chosen, Outcome(Mode.AGGREGATED, decode), started=1.0, selection_s=0.0)
+    for option in ("remote", "local"):
+        assert value("litellm_disagg_prefill_cost_estimate_seconds_count", option=option, **labels) == before[option] + 1
+    requests.routed("no-cost-call", plan(decode, None, "mode never"), Outcome(Mode.AGGREGATED, decode), started=1.0,
+                    selection_s=0.0)  # no estimate (mode never, KV routing off): nothing observed
+    assert value("litellm_disagg_prefill_cost_estimate_seconds_count", option="local", **labels) == before["local"] + 1
