@@ -35,7 +35,7 @@ class SoakConfig:
     prompts: int = 24
     max_tokens: int = 24
     speedup: float = 20.0
-    registry_ttl_s: float = 1.5
+    registry_ttl_s: float = 3.0
     seed: int = 0
     chaos: bool = True
     """Join, drain and crash workers (both roles) while the load runs."""

@@ -15,6 +15,7 @@ parsed again, so a directory of thousands of entries costs one ``stat`` each per
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -22,9 +23,10 @@ import os
 import stat as stat_mod
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -34,6 +36,8 @@ from litellm_disagg.discovery.status import DiscoveryStatus
 from litellm_disagg.runtime_config import RuntimeConfig
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _SUFFIX = ".worker.json"
 MAX_ENTRY_BYTES = 64 * 1024
@@ -56,6 +60,7 @@ class FileRegistry:
         self._parsed: dict[str, tuple[tuple[int, int, int], float, RuntimeConfig]] = {}
         """File name -> ((size, mtime_ns, inode), heartbeat_at, config) of its last valid parse."""
         self._warned_dir = False
+        self._executor: ThreadPoolExecutor | None = None
 
     @classmethod
     def from_settings(cls, settings: FileRegistrySettings) -> FileRegistry:
@@ -65,17 +70,17 @@ class FileRegistry:
 
     async def publish(self, config: RuntimeConfig) -> None:
         self._published[config.worker_id] = config
-        await asyncio.to_thread(self._write, config)
+        await self._in_thread(self._write, config)
 
     async def heartbeat(self, worker_id: str) -> None:
         config = self._published.get(worker_id)
         if config is None:
             raise RegistryError(f"heartbeat for {worker_id!r}, which this registry did not publish")
-        await asyncio.to_thread(self._write, config)
+        await self._in_thread(self._write, config)
 
     async def withdraw(self, worker_id: str) -> None:
         self._published.pop(worker_id, None)
-        await asyncio.to_thread(self._path(worker_id).unlink, missing_ok=True)
+        await self._in_thread(functools.partial(self._path(worker_id).unlink, missing_ok=True))
 
     def _path(self, worker_id: str) -> Path:
         return self.directory / f"{worker_id}{_SUFFIX}"
@@ -98,7 +103,7 @@ class FileRegistry:
     # -- reader side -------------------------------------------------------------------------------------------------
 
     async def snapshot(self) -> list[RuntimeConfig]:
-        return await asyncio.to_thread(self._read_all)
+        return await self._in_thread(self._read_all)
 
     def _read_all(self) -> list[RuntimeConfig]:
         try:
@@ -225,6 +230,14 @@ class FileRegistry:
 
     async def close(self) -> None:
         self._closed.set()
+
+    async def _in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """Disk I/O on this registry's own threads: the loop's default executor is shared with everything else in
+        the process (LiteLLM's logging callbacks under load), and a heartbeat queued behind them for longer than the
+        TTL makes a healthy worker vanish from discovery."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="file-registry")
+        return await asyncio.get_running_loop().run_in_executor(self._executor, functools.partial(fn, *args))
 
 
 def _one_line(exc: BaseException) -> str:
