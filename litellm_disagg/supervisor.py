@@ -14,7 +14,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from litellm_disagg.processes import spawn as spawn_process
@@ -38,8 +38,6 @@ class _Child:
     restarts: int = 0
     consecutive_failures: int = 0
     restart_at: float | None = None
-    history: list[int | None] = field(default_factory=list)
-    """Exit codes of earlier runs."""
 
 
 Spawn = Callable[[ChildSpec], "subprocess.Popen[bytes]"]
@@ -80,7 +78,6 @@ class Supervisor:
             proc = child.proc
             if proc is not None and proc.poll() is not None:
                 ran_s = now - child.started_at
-                child.history.append(proc.returncode)
                 child.proc = None
                 child.consecutive_failures = 1 if ran_s >= self.stable_after_s else child.consecutive_failures + 1
                 delay = min(self.max_backoff_s, self.initial_backoff_s * 2 ** (child.consecutive_failures - 1))
@@ -100,10 +97,6 @@ class Supervisor:
 
     def all_alive(self) -> bool:
         return all(self.alive(name) for name in self._children)
-
-    def pid(self, name: str) -> int | None:
-        proc = self._children[name].proc
-        return None if proc is None else proc.pid
 
     def restarts(self, name: str) -> int:
         return self._children[name].restarts
