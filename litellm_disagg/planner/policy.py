@@ -1,0 +1,388 @@
+"""The planner's decision core: signals in, decisions out; no I/O, no clock of its own.
+
+    Planner(settings).step(signals, now) -> PlannerStep
+        per model: pressures ─► condition ─► hysteresis ─► guards (flip in progress, cooldown, minimum pools)
+                   ─► role moves ─► desired pool sizes (and a worker to drain when they shrink)
+
+How it decides, per served model, at every step:
+
+1. **Pressures**, dimensionless, 1.0 = exactly at the SLO (``planner.ttft_ms``, ``planner.itl_ms``):
+
+   - prefill pressure = max(TTFT percentile / TTFT SLO, estimated prefill queue wait / TTFT SLO), where the wait is
+     the prefill pool's queued prompt tokens over its measured throughput (skipped while the rate is unknown);
+   - decode pressure = max(ITL percentile / ITL SLO, decode batch occupancy / ``occupancy_high``,
+     decode KV usage / ``kv_usage_high``); the largest term is the decode *driver* (``itl``, ``occupancy``, ``kv``).
+
+   A latency percentile over fewer than ``min_samples`` requests is no evidence; with no evidence a side's pressure
+   is 0 (idle). Transfer share = transfer-time percentile / TTFT SLO.
+
+2. **Condition** (first that holds):
+
+   ============== ======================================================== =================================
+   condition      when                                                     move
+   ============== ======================================================== =================================
+   overloaded     a side is above 1 and the other has no headroom          none (desired sizes grow that side)
+   prefill_bound  prefill > 1, decode < ``headroom``                       decode, then both -> prefill
+   decode_bound   decode > 1, prefill < ``headroom``                       ITL-driven: prefill, then both ->
+                                                                           decode; KV/occupancy-driven:
+                                                                           prefill -> both (its KV joins the
+                                                                           decode side, it still prefills)
+   low_load       both pressures < ``aggregate_below``                     prefill, then decode -> both
+   transfer_costly transfer share > ``transfer_share_max``, both sides     prefill, then decode -> both
+                  under ``headroom``
+   steady         otherwise                                                none
+   ============== ======================================================== =================================
+
+   The gap between ``aggregate_below`` and 1.0 is the hysteresis band in pressure: a layout that went aggregated at
+   low load is split again only when a side actually misses its SLO. ``low_load`` and ``transfer_costly`` are the
+   "disaggregation does not pay" cases (Dynamo's own notes: it loses at low concurrency, and when the transfer eats
+   the TTFT budget); ``decode_bound`` driven by KV is the third (prefill workers' KV sits idle while decodes queue).
+   The moves to ``both`` are taken only with ``allow_aggregated``.
+
+3. **Hysteresis in time**: the same condition must hold ``hysteresis_steps`` consecutive steps; after a move the
+   count starts again, so each further move needs fresh evidence (the latency window then shows the new layout).
+
+4. **Guards**: no move for a model while one of its workers is flipping; a worker moved less than ``cooldown_s``
+   ago is not moved again; a move never leaves fewer than ``min_prefill_workers`` workers able to prefill or
+   ``min_decode_workers`` able to decode (``both`` counts for each); draining or starting workers are in no pool and
+   never moved; at most ``max_moves_per_step`` moves per model per step. Among candidates the least busy goes first
+   (fewest running, then waiting requests, then worker id: deterministic).
+
+5. **Desired pool sizes** (for an external autoscaler): the layout after this step's moves; plus one worker on the
+   side that is above 1 when no move can relieve it (``overloaded``, or a bound condition with no candidate at all);
+   minus one when both pressures stayed under ``scale_down_below`` for ``hysteresis_steps`` (then the least busy
+   worker of the least pressed side is named to drain first; the count starts again after each).
+
+The state the planner keeps: per model the current condition's streak and the scale-down streak; per worker the
+time of its last move. Everything else is a function of ``signals`` and ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from litellm_disagg.planner.settings import PlannerSettings
+from litellm_disagg.planner.signals import ClusterSignals, ModelSignals, WorkerSignals
+from litellm_disagg.runtime_config import WorkerRole
+
+
+class Condition(StrEnum):
+    OVERLOADED = "overloaded"
+    PREFILL_BOUND = "prefill_bound"
+    DECODE_BOUND = "decode_bound"
+    LOW_LOAD = "low_load"
+    TRANSFER_COSTLY = "transfer_costly"
+    STEADY = "steady"
+
+
+class DecodeDriver(StrEnum):
+    NONE = "none"
+    ITL = "itl"
+    OCCUPANCY = "occupancy"
+    KV = "kv"
+
+
+@dataclass(frozen=True)
+class Pressures:
+    """One model's pressures at one step (1.0 = at the SLO) and the terms behind them (None: unknown)."""
+
+    prefill: float
+    decode: float
+    decode_driver: DecodeDriver
+    ttft_ratio: float | None = None
+    queue_ratio: float | None = None
+    itl_ratio: float | None = None
+    occupancy_ratio: float | None = None
+    kv_ratio: float | None = None
+    transfer_share: float | None = None
+
+    def as_fields(self) -> dict[str, float | str | None]:
+        """Flat fields for a log line or a metric (names are the ``planner_signal`` label values)."""
+        return {
+            "prefill_pressure": round(self.prefill, 4),
+            "decode_pressure": round(self.decode, 4),
+            "decode_driver": self.decode_driver.value,
+            "ttft_ratio": _round(self.ttft_ratio),
+            "queue_ratio": _round(self.queue_ratio),
+            "itl_ratio": _round(self.itl_ratio),
+            "occupancy_ratio": _round(self.occupancy_ratio),
+            "kv_ratio": _round(self.kv_ratio),
+            "transfer_share": _round(self.transfer_share),
+        }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+@dataclass(frozen=True)
+class RoleMove:
+    """Move ``worker_id`` from ``from_role`` to ``to_role`` (through ``Registry.request_role``)."""
+
+    worker_id: str
+    model: str
+    from_role: WorkerRole
+    to_role: WorkerRole
+    condition: Condition
+
+
+@dataclass(frozen=True)
+class DesiredPools:
+    """How many workers of each role the planner wants for one model (for an external autoscaler)."""
+
+    model: str
+    prefill: int
+    decode: int
+    both: int
+
+    @property
+    def total(self) -> int:
+        return self.prefill + self.decode + self.both
+
+    def of(self, role: WorkerRole) -> int:
+        return {WorkerRole.PREFILL: self.prefill, WorkerRole.DECODE: self.decode, WorkerRole.BOTH: self.both}[role]
+
+
+@dataclass(frozen=True)
+class ModelDecision:
+    """What the planner concluded for one model at one step, with the signals behind it."""
+
+    model: str
+    condition: Condition
+    streak: int
+    """Consecutive steps ``condition`` has held (before any reset by this step's move)."""
+    pressures: Pressures
+    moves: tuple[RoleMove, ...]
+    desired: DesiredPools
+    current: DesiredPools
+    """The active layout before this step's moves (flipping workers count for their new role)."""
+    drain: str | None = None
+    """The worker to drain before the pool shrinks to ``desired`` (scale-down); None when it does not shrink."""
+    held: str | None = None
+    """Why a condition that asks for a move produced none (hysteresis, flip in progress, cooldown, minimum pools)."""
+
+
+@dataclass(frozen=True)
+class PlannerStep:
+    now: float
+    decisions: tuple[ModelDecision, ...] = ()
+
+    @property
+    def moves(self) -> tuple[RoleMove, ...]:
+        return tuple(m for d in self.decisions for m in d.moves)
+
+    @property
+    def desired(self) -> tuple[DesiredPools, ...]:
+        return tuple(d.desired for d in self.decisions)
+
+    def decision(self, model: str) -> ModelDecision | None:
+        return next((d for d in self.decisions if d.model == model), None)
+
+
+@dataclass
+class _ModelState:
+    condition: Condition = Condition.STEADY
+    streak: int = 0
+    scale_down_streak: int = 0
+
+
+@dataclass
+class _State:
+    models: dict[str, _ModelState] = field(default_factory=dict)
+    last_move: dict[str, float] = field(default_factory=dict)
+    """worker id -> time of its last move (for the cooldown)."""
+
+
+def pressures(model: ModelSignals, settings: PlannerSettings) -> Pressures:
+    """The model's prefill and decode pressures (see the module docstring, step 1). Pure."""
+    ttft_ratio = model.ttft.ratio(settings.ttft_ms, settings.min_samples)
+    itl_ratio = model.itl.ratio(settings.itl_ms, settings.min_samples)
+    transfer_share = model.transfer.ratio(settings.ttft_ms, settings.min_samples)
+    prefill_pool = model.prefill_pool
+    queue_ratio: float | None = None
+    if model.prefill_tokens_per_s and prefill_pool.size:
+        wait_s = prefill_pool.queued_prefill_tokens / (model.prefill_tokens_per_s * prefill_pool.size)
+        queue_ratio = wait_s * 1000.0 / settings.ttft_ms
+    decode_pool = model.decode_pool
+    occupancy = decode_pool.batch_occupancy
+    kv = decode_pool.kv_usage
+    occupancy_ratio = None if occupancy is None else occupancy / settings.occupancy_high
+    kv_ratio = None if kv is None else kv / settings.kv_usage_high
+    prefill = max((r for r in (ttft_ratio, queue_ratio) if r is not None), default=0.0)
+    decode_terms = [(DecodeDriver.ITL, itl_ratio), (DecodeDriver.OCCUPANCY, occupancy_ratio), (DecodeDriver.KV, kv_ratio)]
+    known = [(driver, r) for driver, r in decode_terms if r is not None]
+    driver, decode = max(known, key=lambda t: t[1]) if known else (DecodeDriver.NONE, 0.0)
+    if decode <= 0.0:
+        driver = DecodeDriver.NONE
+    return Pressures(prefill, decode, driver, ttft_ratio, queue_ratio, itl_ratio, occupancy_ratio, kv_ratio,
+                     transfer_share)
+
+
+def condition_of(p: Pressures, settings: PlannerSettings, *, disaggregated: bool) -> Condition:
+    """The first condition that holds (module docstring, step 2). ``disaggregated``: some worker is not ``both``."""
+    if p.prefill > 1.0 and p.decode > 1.0:
+        return Condition.OVERLOADED
+    if p.prefill > 1.0:
+        return Condition.PREFILL_BOUND if p.decode < settings.headroom else Condition.OVERLOADED
+    if p.decode > 1.0:
+        return Condition.DECODE_BOUND if p.prefill < settings.headroom else Condition.OVERLOADED
+    if settings.allow_aggregated and disaggregated:
+        if p.prefill < settings.aggregate_below and p.decode < settings.aggregate_below:
+            return Condition.LOW_LOAD
+        if (p.transfer_share is not None and p.transfer_share > settings.transfer_share_max
+                and p.prefill < settings.headroom and p.decode < settings.headroom):
+            return Condition.TRANSFER_COSTLY
+    return Condition.STEADY
+
+
+def _layout(model: str, workers: Iterable[WorkerSignals]) -> DesiredPools:
+    roles = [w.effective_role for w in workers]
+    return DesiredPools(model, roles.count(WorkerRole.PREFILL), roles.count(WorkerRole.DECODE),
+                        roles.count(WorkerRole.BOTH))
+
+
+def _keeps_minimums(layout: DesiredPools, settings: PlannerSettings) -> bool:
+    return (layout.prefill + layout.both >= settings.min_prefill_workers
+            and layout.decode + layout.both >= settings.min_decode_workers
+            and layout.total >= 1)
+
+
+def _moved(layout: DesiredPools, src: WorkerRole, dst: WorkerRole) -> DesiredPools:
+    counts = {r: layout.of(r) for r in WorkerRole}
+    counts[src] -= 1
+    counts[dst] += 1
+    return DesiredPools(layout.model, counts[WorkerRole.PREFILL], counts[WorkerRole.DECODE], counts[WorkerRole.BOTH])
+
+
+def _least_busy(workers: Iterable[WorkerSignals]) -> list[WorkerSignals]:
+    return sorted(workers, key=lambda w: (w.running_requests, w.waiting_requests, w.queued_prefill_tokens,
+                                          w.worker_id))
+
+
+def _routes(condition: Condition, p: Pressures, settings: PlannerSettings) -> list[tuple[WorkerRole, WorkerRole]]:
+    """(from, to) role pairs to try, in order, for a condition that asks for a move."""
+    if condition is Condition.PREFILL_BOUND:
+        return [(WorkerRole.DECODE, WorkerRole.PREFILL), (WorkerRole.BOTH, WorkerRole.PREFILL)]
+    if condition is Condition.DECODE_BOUND:
+        if p.decode_driver in (DecodeDriver.KV, DecodeDriver.OCCUPANCY) and settings.allow_aggregated:
+            return [(WorkerRole.PREFILL, WorkerRole.BOTH)]
+        return [(WorkerRole.PREFILL, WorkerRole.DECODE), (WorkerRole.BOTH, WorkerRole.DECODE)]
+    if condition in (Condition.LOW_LOAD, Condition.TRANSFER_COSTLY):
+        return [(WorkerRole.PREFILL, WorkerRole.BOTH), (WorkerRole.DECODE, WorkerRole.BOTH)]
+    return []
+
+
+class Planner:
+    """The decision core. One instance per planner loop (it keeps the streaks and cooldowns); not thread-safe."""
+
+    def __init__(self, settings: PlannerSettings) -> None:
+        self._settings = settings
+        self._state = _State()
+
+    @property
+    def settings(self) -> PlannerSettings:
+        return self._settings
+
+    def step(self, signals: ClusterSignals, now: float) -> PlannerStep:
+        """Decide for every model in ``signals``. ``now`` is any monotonic clock in seconds (simulated or real)."""
+        cooldown = self._settings.cooldown_s
+        self._state.last_move = {w: t for w, t in self._state.last_move.items() if now - t < cooldown}
+        seen = {m.model for m in signals.models}
+        self._state.models = {k: v for k, v in self._state.models.items() if k in seen}
+        return PlannerStep(now, tuple(self._decide(model, now) for model in signals.models))
+
+    def _decide(self, model: ModelSignals, now: float) -> ModelDecision:
+        s = self._settings
+        state = self._state.models.setdefault(model.model, _ModelState())
+        p = pressures(model, s)
+        active = model.active
+        current = _layout(model.model, active)
+        condition = condition_of(p, s, disaggregated=current.prefill + current.decode > 0)
+        state.streak = state.streak + 1 if condition is state.condition else 1
+        state.condition = condition
+        streak = state.streak
+
+        moves: list[RoleMove] = []
+        held: str | None = None
+        no_candidate = False
+        layout = current
+        routes = _routes(condition, p, s)
+        if routes:
+            if streak < s.hysteresis_steps:
+                held = f"hysteresis {streak}/{s.hysteresis_steps}"
+            elif model.flipping:
+                held = "flip in progress: " + ",".join(sorted(w.worker_id for w in model.flipping))
+            else:
+                moves, layout, held, no_candidate = self._pick_moves(model, condition, routes, layout, now)
+                if moves:
+                    state.streak = 0
+        moved = {m.worker_id for m in moves}
+        desired, drain = self._desired(model, p, condition, layout, no_candidate, state, moved)
+        return ModelDecision(model.model, condition, streak, p, tuple(moves), desired, current, drain, held)
+
+    def _pick_moves(self, model: ModelSignals, condition: Condition, routes: list[tuple[WorkerRole, WorkerRole]],
+                    layout: DesiredPools, now: float) -> tuple[list[RoleMove], DesiredPools, str | None, bool]:
+        s = self._settings
+        moves: list[RoleMove] = []
+        blocked: set[str] = set()
+        any_candidate = False
+        for src, dst in routes:
+            for worker in _least_busy(model.with_role(src)):
+                if len(moves) >= s.max_moves_per_step:
+                    break
+                after = _moved(layout, src, dst)
+                if not _keeps_minimums(after, s):
+                    blocked.add("minimum pools")
+                    continue
+                any_candidate = True
+                last = self._state.last_move.get(worker.worker_id)
+                if last is not None and now - last < s.cooldown_s:
+                    blocked.add("cooldown")
+                    continue
+                moves.append(RoleMove(worker.worker_id, model.model, src, dst, condition))
+                self._state.last_move[worker.worker_id] = now
+                layout = after
+        held = None if moves else ("no movable worker: " + ",".join(sorted(blocked)) if blocked
+                                   else "no movable worker")
+        return moves, layout, held, not any_candidate
+
+    def _desired(self, model: ModelSignals, p: Pressures, condition: Condition, layout: DesiredPools,
+                 no_candidate: bool, state: _ModelState, moved: set[str]) -> tuple[DesiredPools, str | None]:
+        s = self._settings
+        aggregated = layout.prefill + layout.decode == 0
+        grow: WorkerRole | None = None
+        if condition is Condition.OVERLOADED or (no_candidate and condition in (Condition.PREFILL_BOUND,
+                                                                                Condition.DECODE_BOUND)):
+            side = WorkerRole.PREFILL if p.prefill >= p.decode else WorkerRole.DECODE
+            grow = WorkerRole.BOTH if aggregated else side
+        if grow is not None:
+            state.scale_down_streak = 0
+            counts = {r: layout.of(r) for r in WorkerRole}
+            counts[grow] += 1
+            return DesiredPools(model.model, counts[WorkerRole.PREFILL], counts[WorkerRole.DECODE],
+                                counts[WorkerRole.BOTH]), None
+        if p.prefill < s.scale_down_below and p.decode < s.scale_down_below:
+            state.scale_down_streak += 1
+        else:
+            state.scale_down_streak = 0
+        if state.scale_down_streak < s.hysteresis_steps or model.flipping:
+            return layout, None
+        order = sorted((WorkerRole.PREFILL, WorkerRole.DECODE),
+                       key=lambda r: p.prefill if r is WorkerRole.PREFILL else p.decode)
+        for role in (*order, WorkerRole.BOTH):
+            if layout.of(role) == 0:
+                continue
+            counts = {r: layout.of(r) for r in WorkerRole}
+            counts[role] -= 1
+            smaller = DesiredPools(model.model, counts[WorkerRole.PREFILL], counts[WorkerRole.DECODE],
+                                   counts[WorkerRole.BOTH])
+            if not _keeps_minimums(smaller, s):
+                continue
+            victims = [w for w in _least_busy(model.with_role(role)) if not w.flipping and w.worker_id not in moved]
+            if not victims:
+                continue
+            state.scale_down_streak = 0
+            return smaller, victims[0].worker_id
+        return layout, None
