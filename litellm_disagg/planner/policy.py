@@ -44,9 +44,10 @@ How it decides, per served model, at every step:
 
 4. **Guards**: no move for a model while one of its workers is flipping; a worker moved less than ``cooldown_s``
    ago is not moved again; a move never leaves fewer than ``min_prefill_workers`` workers able to prefill or
-   ``min_decode_workers`` able to decode (``both`` counts for each); draining or starting workers are in no pool and
-   never moved; at most ``max_moves_per_step`` moves per model per step. Among candidates the least busy goes first
-   (fewest running, then waiting requests, then worker id: deterministic).
+   ``min_decode_workers`` able to decode (``both`` counts for each); a worker is only asked for a role its launch
+   serves (``WorkerSignals.servable_roles``, from the published ``allowed_roles``); draining or starting workers
+   are in no pool and never moved; at most ``max_moves_per_step`` moves per model per step. Among candidates the
+   least busy goes first (fewest running, then waiting requests, then worker id: deterministic).
 
 5. **Desired pool sizes** (for an external autoscaler): the layout after this step's moves; plus one worker on the
    side that is above 1 when no move can relieve it (``overloaded``, or a bound condition with no candidate at all);
@@ -332,6 +333,9 @@ class Planner:
             for worker in _least_busy(model.with_role(src)):
                 if len(moves) >= s.max_moves_per_step:
                     break
+                if not worker.can_serve(dst):
+                    blocked.add("launch cannot serve " + dst.value)
+                    continue
                 after = _moved(layout, src, dst)
                 if not _keeps_minimums(after, s):
                     blocked.add("minimum pools")

@@ -79,8 +79,13 @@ class WorkerSignals:
     """Its batch capacity (``max_num_seqs``); None when unknown (occupancy is then unknown)."""
     kv_usage: float | None = None
     """Fraction of its KV cache in use, 0..1; None when not scraped."""
+    servable_roles: frozenset[WorkerRole] | None = None
+    """Roles its launch can serve without a restart (its published ``role`` plus ``allowed_roles``); None: any (a
+    simulated worker). The planner never asks a worker for a role outside this set."""
 
     def __post_init__(self) -> None:
+        if self.servable_roles is not None:
+            object.__setattr__(self, "servable_roles", frozenset(self.servable_roles) | {self.role})
         kv = _finite_or_none(self.kv_usage)
         object.__setattr__(self, "kv_usage", None if kv is None else min(1.0, kv))
         for name in ("running_requests", "waiting_requests", "queued_prefill_tokens"):
@@ -91,6 +96,9 @@ class WorkerSignals:
     @property
     def flipping(self) -> bool:
         return self.pending_role is not None and self.pending_role is not self.role
+
+    def can_serve(self, role: WorkerRole) -> bool:
+        return self.servable_roles is None or role in self.servable_roles
 
     @property
     def active(self) -> bool:

@@ -323,3 +323,14 @@ def test_settings_validate_bands_and_hook() -> None:
     with pytest.raises(ValidationError):
         PlannerSettings.model_validate({"ttft_ms": 0})
     assert PlannerSettings().enabled is False
+
+
+def test_only_roles_the_launch_serves() -> None:
+    workers = [w("p0", P), w("d0", D, servable_roles=frozenset()), w("d1", D, servable_roles=frozenset({P})),
+               w("d2", D)]
+    assert not workers[1].can_serve(P) and workers[1].can_serve(D)
+    step = Planner(settings()).step(cluster(workers, ttft=3000, itl=10), 0)
+    assert [m.worker_id for m in step.moves] == ["d1"]
+    only_fixed = [w("p0", P), w("d0", D, servable_roles=frozenset()), w("d1", D, servable_roles=frozenset())]
+    step = Planner(settings()).step(cluster(only_fixed, ttft=3000, itl=10), 0)
+    assert step.moves == () and step.decisions[0].held == "no movable worker: launch cannot serve prefill"
