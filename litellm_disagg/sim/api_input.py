@@ -122,8 +122,9 @@ def prepare(raw: Any, *, chat: bool, base_id: str, model: str) -> Prepared:
     return Prepared(body, request_id, ids, text, model)
 
 
-def budget(prepared: Prepared, engine: EngineSettings) -> tuple[int, FinishReason]:
-    """How many tokens the request may generate and why it stops; refuses a request that does not fit the context."""
+def budget(prepared: Prepared, engine: EngineSettings) -> tuple[int, FinishReason, int | None]:
+    """How many tokens the request may generate, why it stops there, and whether the model may stop earlier by itself
+    (``output_budget``); refuses a request that does not fit the context."""
     max_model_len = engine.max_model_len
     n_prompt = len(prepared.prompt_ids)
     limit = prepared.body.output_limit()
@@ -146,5 +147,4 @@ def budget(prepared: Prepared, engine: EngineSettings) -> tuple[int, FinishReaso
         ignore_eos=bool(prepared.body.ignore_eos),
         max_model_len=max_model_len,
         mean_output_tokens=engine.default_output_tokens,
-        prompt_token_ids=prepared.prompt_ids,
     )

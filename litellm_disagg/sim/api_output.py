@@ -31,13 +31,21 @@ async def sse_events(prepared: Prepared, stream: RequestStream, *, chat: bool) -
     generated = 0
     finished = False
     try:
+        ids = bool(body.return_token_ids)
         if chat:
-            yield event(chunk(prepared, created, {"delta": {"role": "assistant", "content": ""}}, chat=True))
+            first = chunk(prepared, created, {"delta": {"role": "assistant", "content": ""}}, chat=True)
+            if ids:
+                first["prompt_token_ids"] = prepared.prompt_ids
+            yield event(first)
         async for delta in stream:
-            generated += len(delta.token_ids)
             text = tokenizer.decode(delta.token_ids)
             choice: dict[str, Any] = {"delta": {"content": text}} if chat else {"text": text}
             choice["finish_reason"] = delta.finish_reason
+            if ids:
+                if not chat and generated == 0:
+                    choice["prompt_token_ids"] = prepared.prompt_ids
+                choice["token_ids"] = list(delta.token_ids)
+            generated += len(delta.token_ids)
             piece = chunk(prepared, created, choice, chat=chat)
             if body.include_usage and body.continuous_usage:
                 piece["usage"] = usage(n_prompt, generated, stream.request.num_cached_prompt_tokens)
@@ -140,7 +148,7 @@ def full_response(prepared: Prepared, req: SimRequest, deltas: list[Delta], *, c
             "finish_reason": last.finish_reason,
             "stop_reason": None,
         }
-        return {
+        answer = {
             **common,
             "object": "chat.completion",
             "choices": [choice],
@@ -148,6 +156,10 @@ def full_response(prepared: Prepared, req: SimRequest, deltas: list[Delta], *, c
             "prompt_logprobs": None,
             "kv_transfer_params": last.kv_transfer_params,
         }
+        if prepared.body.return_token_ids:
+            answer["prompt_token_ids"] = prepared.prompt_ids
+            choice["token_ids"] = tokens
+        return answer
     body = prepared.body
     if isinstance(body, CompletionRequest) and body.echo:
         text = prepared.prompt_text + text
@@ -159,6 +171,9 @@ def full_response(prepared: Prepared, req: SimRequest, deltas: list[Delta], *, c
         "stop_reason": None,
         "prompt_logprobs": None,
     }
+    if body.return_token_ids:
+        choice["prompt_token_ids"] = prepared.prompt_ids
+        choice["token_ids"] = tokens
     return {
         **common,
         "object": "text_completion",

@@ -43,7 +43,7 @@ from litellm_disagg.sim.request import FinishReason, Lease, RemotePrefill, SimRe
 from litellm_disagg.sim.scheduler import RequestOutput, Scheduler
 from litellm_disagg.sim.settings import SimSettings
 from litellm_disagg.sim.stats import EngineStats
-from litellm_disagg.sim.textgen import output_token, prompt_digest
+from litellm_disagg.sim.textgen import completion, prompt_digest
 from litellm_disagg.sim.timing import TimingModel
 
 logger = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ class SimEngine(BootstrapPush):
         if name == "trtllm":
             return {
                 "request_type": "context_only",
-                "first_gen_tokens": [output_token(prompt_digest(lease.token_ids), 0)],
+                "first_gen_tokens": completion(lease.token_ids, 1),
                 "ctx_request_id": int.from_bytes(prompt_digest((self._ids,))[:7], "big"),
                 "encoded_opaque_state": encode_opaque_state(self.engine_id, lease.request_id, list(lease.block_ids)),
                 "draft_tokens": None,

@@ -61,6 +61,9 @@ class _Request(BaseModel):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = False
+    return_token_ids: bool | None = False
+    """As vLLM: the prompt's token ids (chat: top level of the first chunk or the answer; completions: in the first
+    choice) and each choice's output token ids (``token_ids``)."""
     kv_transfer_params: dict[str, Any] | None = None
     bootstrap_host: str | None = None
     """SGLang: the prefill worker's bootstrap server (with ``bootstrap_port`` and ``bootstrap_room``)."""

@@ -7,13 +7,12 @@ that finishes a prompt, and every decode step, yields one token).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
 from litellm_disagg.sim.hashing import BlockHash, extend_hashes
-from litellm_disagg.sim.textgen import PromptDigest, natural_length, prompt_digest
+from litellm_disagg.sim.textgen import Model
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -59,7 +58,10 @@ class SimRequest:
     max_output_tokens: int
     """How many tokens this request generates in all."""
     limit_reason: FinishReason
-    """The finish reason when it has generated ``max_output_tokens`` (``length``: max_tokens; ``stop``: "EOS")."""
+    """The finish reason when it has generated ``max_output_tokens`` (``length``: max_tokens or the context's end)."""
+    natural_stop_mean: int | None = None
+    """Without max_tokens: the model may also stop by itself ("EOS", finish_reason ``stop``), after this many tokens
+    on average (``textgen.Model.ends_after_next``); None: it stops only at ``max_output_tokens``."""
     do_remote_decode: bool = False
     """Prefill side of the NIXL protocol: keep the blocks for a decode engine when finished."""
     remote: RemotePrefill | None = None
@@ -82,13 +84,14 @@ class SimRequest:
     prompt_stats_done: bool = False
     num_preemptions: int = 0
     finish_reason: FinishReason | None = None
-    digest: PromptDigest = b""
+    model: Model = field(init=False, repr=False)
+    """The simulated model's state after ``all_token_ids`` (what it generates next)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError("a request needs at least one prompt token")
         self.all_token_ids = list(self.prompt_token_ids)
-        self.digest = prompt_digest(self.prompt_token_ids)
+        self.model = Model(self.prompt_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -110,6 +113,7 @@ class SimRequest:
     def append_output(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+        self.model.append(token_id)
 
     def hashes(self, block_size: int) -> list[BlockHash]:
         """The chained hashes of every full block of ``all_token_ids`` (extended lazily)."""
@@ -124,18 +128,14 @@ def output_budget(
     ignore_eos: bool,
     max_model_len: int,
     mean_output_tokens: int,
-    prompt_token_ids: Sequence[int],
-) -> tuple[int, FinishReason]:
-    """How many tokens a request generates, and why it stops there.
+) -> tuple[int, FinishReason, int | None]:
+    """How many tokens a request generates at most, why it stops there, and whether the model may stop earlier.
 
-    With ``max_tokens``: exactly that many (``length``), so benchmarks control output lengths. Without: a
-    deterministic "natural" length drawn from the prompt (``stop``), or the rest of the context with ``ignore_eos``.
-    Never past ``max_model_len``.
+    With ``max_tokens``: exactly that many (``length``), so benchmarks control output lengths. Without: the rest of
+    the context (``length``), and unless ``ignore_eos`` the model stops by itself before that, a deterministic
+    function of the context (``natural_stop_mean`` = ``mean_output_tokens``). Never past ``max_model_len``.
     """
     room = max_model_len - prompt_len
     if max_tokens is not None:
-        return min(max_tokens, room), "length"
-    if ignore_eos:
-        return room, "length"
-    natural = natural_length(prompt_digest(prompt_token_ids), mean_output_tokens)
-    return (natural, "stop") if natural <= room else (room, "length")
+        return min(max_tokens, room), "length", None
+    return room, "length", None if ignore_eos else mean_output_tokens

@@ -25,10 +25,9 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from litellm_disagg.sim.kv_cache import BlockPool
-from litellm_disagg.sim.request import Lease, RequestStatus, SimRequest
+from litellm_disagg.sim.request import FinishReason, Lease, RequestStatus, SimRequest
 from litellm_disagg.sim.settings import EngineSettings
 from litellm_disagg.sim.stats import EngineStats
-from litellm_disagg.sim.textgen import output_token
 from litellm_disagg.sim.timing import StepWork
 
 
@@ -196,13 +195,15 @@ class Scheduler:
             self._cache_blocks(req)
             if req.num_computed_tokens < req.num_tokens:
                 continue  # a prompt chunk: nothing to sample yet
-            token = output_token(req.digest, len(req.output_token_ids))
+            token = req.model.next_token()
+            eos = req.natural_stop_mean is not None and req.model.ends_after_next(req.natural_stop_mean)
             req.append_output(token)
             self.stats.generation_tokens += 1
-            if len(req.output_token_ids) < req.max_output_tokens:
+            if len(req.output_token_ids) < req.max_output_tokens and not eos:
                 outputs.append(RequestOutput(req, [token], finished=False))
                 continue
-            outputs.append(RequestOutput(req, [token], finished=True, lease=self._finish(req, now)))
+            reason: FinishReason = "stop" if eos else req.limit_reason
+            outputs.append(RequestOutput(req, [token], finished=True, lease=self._finish(req, now, reason)))
         return outputs
 
     # -- remote KV (decode side) -------------------------------------------------------------------------------------
@@ -348,12 +349,12 @@ class Scheduler:
         )
         req.num_cached_blocks = full
 
-    def _finish(self, req: SimRequest, now: float) -> Lease | None:
+    def _finish(self, req: SimRequest, now: float, reason: FinishReason) -> Lease | None:
         self.running.remove(req)
         self._requests.pop(req.request_id, None)
         req.status = RequestStatus.FINISHED
-        req.finish_reason = req.limit_reason
-        self.stats.request_success[req.limit_reason] += 1
+        req.finish_reason = reason
+        self.stats.request_success[reason] += 1
         if req.do_remote_decode and req.block_ids:
             lease = Lease(
                 req.request_id, req.block_ids, tuple(req.prompt_token_ids), now + self.settings.kv_lease_timeout_s

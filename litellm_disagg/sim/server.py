@@ -156,15 +156,16 @@ class SimApi:
         headers = {"X-Request-Id": base_id}
         try:
             prepared = prepare(await read_json(request), chat=chat, base_id=base_id, model=self.model)
-            limit, reason = budget(prepared, self.engine.settings.engine)
+            limit, reason, natural_stop_mean = budget(prepared, self.engine.settings.engine)
             transfer = transfer_request(self.engine.settings.engine_name, self.engine.role, prepared.body)
             if transfer.one_token:
-                limit, reason = 1, "length"
+                limit, reason, natural_stop_mean = 1, "length", None
             sim = SimRequest(
                 request_id=self.engine.new_request_id(prepared.request_id),
                 prompt_token_ids=prepared.prompt_ids,
                 max_output_tokens=limit,
                 limit_reason=reason,
+                natural_stop_mean=natural_stop_mean,
                 do_remote_decode=transfer.do_remote_decode,
                 remote=transfer.remote,
                 push_room=transfer.push_room,

@@ -54,7 +54,7 @@ async def test_max_completion_tokens_wins_and_no_limit_stops_naturally(worker, c
     del body["max_tokens"]
     r = await client.post(f"{worker.base_url}/chat/completions", json=body)
     assert r.json()["choices"][0]["finish_reason"] == "stop"
-    assert 1 <= r.json()["usage"]["completion_tokens"] <= 15  # default_output_tokens=8: 1..15
+    assert 1 <= r.json()["usage"]["completion_tokens"] < 256 - r.json()["usage"]["prompt_tokens"]  # EOS, not the end
 
 
 async def test_text_completion_and_echo(worker, client):
@@ -218,3 +218,26 @@ async def test_client_disconnect_aborts_the_request(client):
         assert slow.engine is not None and slow.engine.pool.usage == 0.0
     finally:
         await slow.stop()
+
+
+async def test_return_token_ids_and_a_token_id_prompt_continue_the_answer(worker, client):
+    # As vLLM: chat gives the prompt's ids on the first chunk and each delta's ids in its choice; /v1/completions takes
+    # a token-id prompt, so prompt + the first k output ids continue the answer exactly (request migration).
+    body = chat_body(stream=True, return_token_ids=True, max_tokens=10)
+    r = await client.post(f"{worker.base_url}/chat/completions", json=body)
+    events = [e for e in sse_events(r.text) if isinstance(e, dict)]
+    prompt_ids = events[0]["prompt_token_ids"]
+    out_ids = [t for e in events[1:] for t in e["choices"][0]["token_ids"]]
+    text = "".join(e["choices"][0]["delta"]["content"] for e in events[1:])
+    assert len(out_ids) == 10 and isinstance(prompt_ids, list) and prompt_ids
+    plain = await client.post(f"{worker.base_url}/chat/completions", json=chat_body(stream=True, max_tokens=10))
+    for e in sse_events(plain.text)[:-1]:
+        assert isinstance(e, dict) and "prompt_token_ids" not in e and "token_ids" not in e["choices"][0]
+    rest = await client.post(
+        f"{worker.base_url}/completions",
+        json={"prompt": prompt_ids + out_ids[:4], "max_tokens": 6, "return_token_ids": True},
+    )
+    choice = rest.json()["choices"][0]
+    assert choice["token_ids"] == out_ids[4:] and choice["prompt_token_ids"] == prompt_ids + out_ids[:4]
+    done_text = "".join(e["choices"][0]["delta"]["content"] for e in events[1:5])
+    assert done_text + choice["text"] == text

@@ -11,7 +11,7 @@ from litellm_disagg.sim.protocol import ChatMessage
 from litellm_disagg.sim.request import SimRequest, output_budget
 from litellm_disagg.sim.scheduler import Scheduler
 from litellm_disagg.sim.settings import EngineSettings, SimSettings, TimingSettings
-from litellm_disagg.sim.textgen import output_token, prompt_digest
+from litellm_disagg.sim.textgen import Model, completion
 from litellm_disagg.sim.timing import StepWork, TimingModel
 
 
@@ -35,8 +35,7 @@ def test_tokenizer_is_deterministic_and_word_level():
 
 
 def test_generated_text_round_trips():
-    digest = prompt_digest([5, 6, 7])
-    ids = [output_token(digest, i) for i in range(50)]
+    ids = completion([5, 6, 7], 50)
     assert tokenizer.encode(tokenizer.decode(ids)) == ids
 
 
@@ -53,19 +52,38 @@ def test_chat_template_is_chatml_and_tokenizes_special_tokens():
     assert render_chat(messages, continue_final_message=True).endswith("user\nHi")
 
 
-def test_output_depends_on_prompt_and_position_only():
-    a, b = prompt_digest([1, 2, 3]), prompt_digest([1, 2, 4])
-    assert [output_token(a, i) for i in range(5)] == [output_token(prompt_digest([1, 2, 3]), i) for i in range(5)]
-    assert [output_token(a, i) for i in range(5)] != [output_token(b, i) for i in range(5)]
+def test_output_depends_on_the_context_only():
+    assert completion([1, 2, 3], 5) == completion([1, 2, 3], 5)
+    assert completion([1, 2, 3], 5) != completion([1, 2, 4], 5)
+    # A continuation from the prompt plus the first k output tokens yields the rest (request migration).
+    whole = completion([1, 2, 3], 20)
+    assert completion([1, 2, 3, *whole[:7]], 13) == whole[7:]
+
+
+def test_natural_stop_is_a_function_of_the_context():
+    def natural(prompt: list[int], mean: int) -> int:
+        model, n = Model(prompt), 0
+        while True:
+            stop = model.ends_after_next(mean)
+            model.append(model.next_token())
+            n += 1
+            if stop:
+                return n
+
+    lengths = [natural([i, i + 1], 8) for i in range(400)]
+    assert min(lengths) >= 1 and 6 <= sum(lengths) / len(lengths) <= 10
+    prompt = [7, 8, 9]
+    n = natural(prompt, 8)
+    if n > 1:  # continuing after k tokens stops at the same place
+        assert natural([*prompt, *completion(prompt, 1)], 8) == n - 1
 
 
 def test_output_budget():
-    common = {"ignore_eos": False, "max_model_len": 100, "mean_output_tokens": 8, "prompt_token_ids": [1, 2, 3]}
-    assert output_budget(3, max_tokens=10, **common) == (10, "length")
-    assert output_budget(95, max_tokens=10, **common) == (5, "length")
-    n, reason = output_budget(3, max_tokens=None, **common)
-    assert reason == "stop" and 1 <= n <= 15
-    assert output_budget(3, max_tokens=None, **{**common, "ignore_eos": True}) == (97, "length")
+    common = {"ignore_eos": False, "max_model_len": 100, "mean_output_tokens": 8}
+    assert output_budget(3, max_tokens=10, **common) == (10, "length", None)
+    assert output_budget(95, max_tokens=10, **common) == (5, "length", None)
+    assert output_budget(3, max_tokens=None, **common) == (97, "length", 8)  # or earlier, by itself
+    assert output_budget(3, max_tokens=None, **{**common, "ignore_eos": True}) == (97, "length", None)
 
 
 # -- hashing and timing ----------------------------------------------------------------------------------------------
@@ -242,7 +260,7 @@ def test_full_cache_preempts_and_recomputes_with_identical_output():
     _run(scheduler, TimingModel(TimingSettings()))
     assert scheduler.stats.num_preemptions > 0
     for r in reqs:
-        assert r.output_token_ids == [output_token(prompt_digest(r.prompt_token_ids), i) for i in range(20)]
+        assert r.output_token_ids == completion(r.prompt_token_ids, 20)
     assert pool.usage == 0.0
 
 
