@@ -28,6 +28,15 @@ KV
     ``?cas=`` with 0 meaning create-only, ``?flags=``, 512 KiB limit -> 413), ``DELETE /v1/kv/:key``
     (``?recurse``, ``?cas=``).
 
+Sessions and locks
+    ``PUT /v1/session/create`` (Name, TTL between ``min_session_ttl_s`` and 24 h else 400, Behavior ``release`` or
+    ``delete``, LockDelay; answers ``{"ID": ...}``), ``PUT /v1/session/renew/:id`` (the session in a list; 404 when
+    it is gone), ``PUT /v1/session/destroy/:id``, ``GET /v1/session/info/:id``. A session not renewed within its TTL
+    is invalidated (Consul takes between one and two TTLs; the double exactly one). ``PUT /v1/kv/:key?acquire=<id>``
+    (true when the key is free or already held by that session; 500 for an unknown session; refused during a lock
+    delay that followed an invalidation), ``?release=<id>`` (true only for the holder). An invalidated session's keys
+    are released (``Behavior: release``) or deleted (``delete``). Reads show ``Session`` and ``LockIndex``.
+
 Everywhere
     One raft-like index that only grows; every read answers ``X-Consul-Index`` (the index of what it read). Reads
     are blocking queries with ``?index=N&wait=D``: held until that index exceeds N or the wait (default 5 m, at most
@@ -151,6 +160,19 @@ class _KvEntry:
     flags: int
     create_index: int
     modify_index: int
+    session: str | None = None
+    lock_index: int = 0
+
+
+@dataclass
+class _Session:
+    session_id: str
+    name: str
+    ttl_s: float | None
+    behavior: str
+    lock_delay_s: float
+    create_index: int
+    timer: asyncio.TimerHandle | None = None
 
 
 @dataclass
@@ -183,6 +205,7 @@ class ConsulDouble:
         reap_interval_s: float = 30.0,
         min_deregister_critical_s: float = 60.0,
         tls: ssl.SSLContext | None = None,
+        min_session_ttl_s: float = 10.0,
     ):
         self.acl_token = acl_token
         self.datacenter = datacenter
@@ -207,6 +230,10 @@ class ConsulDouble:
         self._kv_tombstones: dict[str, int] = {}
         self._kv_table_index = 1
         self._http_client: httpx.AsyncClient | None = None
+        self.min_session_ttl_s = min_session_ttl_s
+        self._sessions: dict[str, _Session] = {}
+        self._lock_delay_until: dict[str, float] = {}
+        self._session_counter = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
 
@@ -270,6 +297,9 @@ class ConsulDouble:
         await self.stop()
         for check in self._checks.values():
             check.stop()
+        for session in self._sessions.values():
+            if session.timer is not None:
+                session.timer.cancel()
         if self._reaper is not None:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -370,6 +400,10 @@ class ConsulDouble:
             ("GET", r"/v1/kv/(?P<key>.*)", self._kv_get),
             ("PUT", r"/v1/kv/(?P<key>.*)", self._kv_put),
             ("DELETE", r"/v1/kv/(?P<key>.*)", self._kv_delete),
+            ("PUT", r"/v1/session/create", self._session_create),
+            ("PUT", r"/v1/session/renew/(?P<id>.+)", self._session_renew),
+            ("PUT", r"/v1/session/destroy/(?P<id>.+)", self._session_destroy),
+            ("GET", r"/v1/session/info/(?P<id>.+)", self._session_info),
         ]
         path_matched = False
         for route_method, pattern, handler in routes:
@@ -703,8 +737,11 @@ class ConsulDouble:
     def _kv_json(self, key: str) -> dict[str, Any]:
         entry = self._kv[key]
         value = base64.b64encode(entry.value).decode() if entry.value else None
-        return {"LockIndex": 0, "Key": key, "Flags": entry.flags, "Value": value,
-                "CreateIndex": entry.create_index, "ModifyIndex": entry.modify_index}
+        found: dict[str, Any] = {"LockIndex": entry.lock_index, "Key": key, "Flags": entry.flags, "Value": value,
+                                 "CreateIndex": entry.create_index, "ModifyIndex": entry.modify_index}
+        if entry.session is not None:
+            found["Session"] = entry.session
+        return found
 
     async def _kv_put(self, request: _Request, match: re.Match[str], anonymous: bool) -> _Response:
         if anonymous:
@@ -712,20 +749,119 @@ class ConsulDouble:
         key = unquote(match["key"])
         if not key:
             raise HTTPError(400, "Missing key name")
-        if any(p in request.query for p in ("acquire", "release")):
-            raise HTTPError(400, "sessions are not implemented by this test double")
         if len(request.body) > KV_MAX_BYTES:
             raise HTTPError(413, f"Request body({len(request.body)} bytes) too large, max size: {KV_MAX_BYTES} bytes.")
         existing = self._kv.get(key)
+        if "acquire" in request.query or "release" in request.query:
+            return self._kv_lock(request, key, existing)
         if "cas" in request.query:
             cas = _int_param(request.query, "cas")
             if (cas == 0 and existing is not None) or (cas != 0 and (existing is None or existing.modify_index != cas)):
                 return _json_response(False)
         flags = _int_param(request.query, "flags") if "flags" in request.query else 0
         index = self._bump(kv_keys=(key,))
-        self._kv[key] = _KvEntry(request.body or None, flags, existing.create_index if existing else index, index)
+        self._kv[key] = _KvEntry(request.body or None, flags, existing.create_index if existing else index, index,
+                                 existing.session if existing else None, existing.lock_index if existing else 0)
         self._kv_tombstones.pop(key, None)
         return _json_response(True)
+
+    def _kv_lock(self, request: _Request, key: str, existing: _KvEntry | None) -> _Response:
+        acquire = "acquire" in request.query
+        session_id = request.query["acquire" if acquire else "release"]
+        if session_id not in self._sessions:
+            raise HTTPError(500, f'invalid session "{session_id}"')
+        flags = _int_param(request.query, "flags") if "flags" in request.query else 0
+        if acquire:
+            holder = existing.session if existing is not None else None
+            if holder is not None and holder != session_id:
+                return _json_response(False)
+            if holder is None and time.monotonic() < self._lock_delay_until.get(key, 0.0):
+                return _json_response(False)
+            index = self._bump(kv_keys=(key,))
+            lock_index = (existing.lock_index if existing else 0) + (0 if holder == session_id else 1)
+            self._kv[key] = _KvEntry(request.body or None, flags, existing.create_index if existing else index,
+                                     index, session_id, lock_index)
+            self._kv_tombstones.pop(key, None)
+            return _json_response(True)
+        if existing is None or existing.session != session_id:
+            return _json_response(False)
+        index = self._bump(kv_keys=(key,))
+        existing.session, existing.modify_index = None, index
+        if request.body:
+            existing.value = request.body
+        return _json_response(True)
+
+    # -- sessions ----------------------------------------------------------------------------------------------------
+
+    def _session_json(self, session: _Session) -> dict[str, Any]:
+        return {"ID": session.session_id, "Name": session.name, "Node": self.node, "LockDelay": session.lock_delay_s,
+                "Behavior": session.behavior, "TTL": f"{session.ttl_s:g}s" if session.ttl_s else "",
+                "CreateIndex": session.create_index, "ModifyIndex": session.create_index}
+
+    def _arm_session(self, session: _Session) -> None:
+        if session.timer is not None:
+            session.timer.cancel()
+        if session.ttl_s:
+            session.timer = asyncio.get_running_loop().call_later(
+                session.ttl_s, self._invalidate_session, session.session_id)
+
+    def _invalidate_session(self, session_id: str) -> None:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return
+        if session.timer is not None:
+            session.timer.cancel()
+        held = [k for k, e in self._kv.items() if e.session == session_id]
+        if not held:
+            return
+        index = self._bump(kv_keys=tuple(held))
+        for key in held:
+            if session.behavior == "delete":
+                del self._kv[key]
+                self._kv_tombstones[key] = index
+            else:
+                self._kv[key].session, self._kv[key].modify_index = None, index
+            if session.lock_delay_s > 0:
+                self._lock_delay_until[key] = time.monotonic() + session.lock_delay_s
+
+    async def _session_create(self, request: _Request, match: re.Match[str], anonymous: bool) -> _Response:
+        if anonymous:
+            raise HTTPError(403, "Permission denied: anonymous token lacks permission 'session:write'")
+        body = _json_body(request) if request.body else {}
+        if not isinstance(body, dict):
+            raise HTTPError(400, "Request decode failed: not an object")
+        ttl_s = parse_go_duration(body["TTL"]) if body.get("TTL") else None
+        if ttl_s is not None and not self.min_session_ttl_s <= ttl_s <= 86400:
+            raise HTTPError(400, f"Invalid Session TTL '{int(ttl_s * 1e9)}', must be between "
+                                 f"[{self.min_session_ttl_s:g}s=24h0m0s]")
+        behavior = body.get("Behavior") or "release"
+        if behavior not in ("release", "delete"):
+            raise HTTPError(400, f"Invalid Behavior setting '{behavior}'")
+        raw_delay = body.get("LockDelay", "15s")
+        lock_delay_s = parse_go_duration(raw_delay) if isinstance(raw_delay, str) else float(raw_delay) / 1e9
+        self._session_counter += 1
+        session_id = f"00000000-0000-4000-8000-{self._session_counter:012d}"
+        session = _Session(session_id, str(body.get("Name", "")), ttl_s, behavior, lock_delay_s, self._bump())
+        self._sessions[session_id] = session
+        self._arm_session(session)
+        return _json_response({"ID": session_id})
+
+    async def _session_renew(self, request: _Request, match: re.Match[str], anonymous: bool) -> _Response:
+        session = self._sessions.get(unquote(match["id"]))
+        if session is None:
+            raise HTTPError(404, f"Session id '{unquote(match['id'])}' not found")
+        self._arm_session(session)
+        return _json_response([self._session_json(session)])
+
+    async def _session_destroy(self, request: _Request, match: re.Match[str], anonymous: bool) -> _Response:
+        session = self._sessions.get(unquote(match["id"]))
+        if session is not None:
+            self._invalidate_session(session.session_id)
+        return _json_response(True)
+
+    async def _session_info(self, request: _Request, match: re.Match[str], anonymous: bool) -> _Response:
+        session = self._sessions.get(unquote(match["id"]))
+        return _json_response([self._session_json(session)] if session is not None else None, index=self._index)
 
     async def _kv_delete(self, request: _Request, match: re.Match[str], anonymous: bool) -> _Response:
         if anonymous:

@@ -1,0 +1,161 @@
+"""Latency windows from cumulative Prometheus histograms and counters: what happened in the last ``window_s``.
+
+The proxy already records every streamed request's TTFT and inter-token latency in its histograms
+(``observability/requests.py``); the planner does not keep a second copy of each request. It snapshots the
+cumulative buckets at every step and reads the window as the difference between the newest snapshot and the one
+``window_s`` before (a counter that went down, a restarted proxy, starts the window over). The percentile is read
+from the difference by linear interpolation inside the bucket it falls in, so its resolution is the buckets'
+(``observability/metrics.py``: TTFT 0.3/0.5/0.75/1/1.5/2/3 s..., ITL 10/15/20/30/40/50/75/100 ms...).
+
+The same snapshots come from this process's registry (the planner in the proxy: ``registry_histograms``) or from a
+proxy's ``/metrics`` page (the standalone planner: ``page_histograms``), so both read the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from litellm_disagg.engines import prom_text
+from litellm_disagg.planner.signals import LatencyWindow
+
+
+class _SampleLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+    @property
+    def value(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class HistogramTotals:
+    """One histogram's cumulative state: ``buckets`` as (upper bound, cumulative count), ascending, ``+Inf`` last."""
+
+    buckets: tuple[tuple[float, float], ...]
+    count: float
+
+    def minus(self, base: HistogramTotals) -> HistogramTotals | None:
+        """The observations since ``base``; None when a count went down (a reset: the caller starts over)."""
+        if self.count < base.count:
+            return None
+        base_counts = dict(base.buckets)
+        out = []
+        for le, cumulative in self.buckets:
+            diff = cumulative - base_counts.get(le, 0.0)
+            if diff < 0:
+                return None
+            out.append((le, diff))
+        return HistogramTotals(tuple(out), self.count - base.count)
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile (seconds), interpolated inside its bucket; None without observations."""
+        if self.count <= 0 or not self.buckets:
+            return None
+        rank = q * self.count
+        lower, below = 0.0, 0.0
+        for le, cumulative in self.buckets:
+            if cumulative >= rank and cumulative > below:
+                if math.isinf(le):
+                    return lower  # beyond the last finite bound: the bound is all we know
+                return lower + (le - lower) * (rank - below) / (cumulative - below)
+            if not math.isinf(le):
+                lower = le
+            below = cumulative
+        return lower
+
+
+def histogram_totals(samples: Iterable[_SampleLike], name: str, *, by: str = "model") -> dict[str, HistogramTotals]:
+    """``name``'s histogram per value of label ``by`` (other labels, e.g. ``mode``, added up), from samples of a
+    page or of a registry (``name_bucket`` with ``le``, ``name_count``)."""
+    buckets: dict[str, dict[float, float]] = {}
+    counts: dict[str, float] = {}
+    bucket_name, count_name = name + "_bucket", name + "_count"
+    for sample in samples:
+        key = sample.labels.get(by)
+        if key is None or math.isnan(sample.value):
+            continue
+        if sample.name == bucket_name:
+            try:
+                le = float(sample.labels.get("le", "nan"))
+            except ValueError:
+                continue
+            if math.isnan(le):
+                continue
+            per = buckets.setdefault(key, {})
+            per[le] = per.get(le, 0.0) + sample.value
+        elif sample.name == count_name:
+            counts[key] = counts.get(key, 0.0) + sample.value
+    return {key: HistogramTotals(tuple(sorted(per.items())), counts.get(key, max(per.values(), default=0.0)))
+            for key, per in buckets.items()}
+
+
+def page_histograms(text: str, names: Iterable[str], *, by: str = "model") -> dict[str, dict[str, HistogramTotals]]:
+    """Per histogram name, per label value: the histograms on a Prometheus text page."""
+    names = tuple(names)
+    wanted = prom_text.Wanted([n + suffix for n in names for suffix in ("_bucket", "_count")])
+    found = list(prom_text.samples(text, wanted))
+    return {name: histogram_totals(found, name, by=by) for name in names}
+
+
+def registry_histograms(metric: object, *, by: str = "model") -> dict[str, HistogramTotals]:
+    """A ``prometheus_client`` histogram of this process, per label value (its ``collect()``)."""
+    collect = getattr(metric, "collect", None)
+    if collect is None:
+        return {}
+    samples = [s for family in collect() for s in family.samples]
+    name = next((f.name for f in collect()), "")
+    return histogram_totals(samples, name, by=by)
+
+
+class HistogramWindow:
+    """Snapshots of one cumulative histogram over time; ``window(now)`` is what the last ``window_s`` observed."""
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self._snapshots: deque[tuple[float, HistogramTotals]] = deque()
+
+    def add(self, now: float, totals: HistogramTotals) -> None:
+        if self._snapshots and totals.minus(self._snapshots[-1][1]) is None:
+            self._snapshots.clear()  # a reset: what came before is no baseline
+        self._snapshots.append((now, totals))
+        # keep the newest snapshot at or before the window's start as the baseline
+        while len(self._snapshots) >= 2 and self._snapshots[1][0] <= now - self.window_s:
+            self._snapshots.popleft()
+
+    def window(self, quantile: float) -> LatencyWindow:
+        """The window's ``quantile`` in milliseconds; with a single snapshot, nothing is known yet."""
+        if len(self._snapshots) < 2:
+            return LatencyWindow()
+        diff = self._snapshots[-1][1].minus(self._snapshots[0][1])
+        if diff is None or diff.count <= 0:
+            return LatencyWindow()
+        seconds = diff.quantile(quantile)
+        return LatencyWindow(None if seconds is None else seconds * 1000.0, int(round(diff.count)))
+
+
+class MeanWindow:
+    """Events of (count, seconds) over time (e.g. KV transfers from the load scraper); ``window(now)`` is their
+    mean over the last ``window_s`` in milliseconds."""
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self._events: deque[tuple[float, float, float]] = deque()
+
+    def add(self, now: float, count: float, seconds: float) -> None:
+        if count > 0 and seconds >= 0 and math.isfinite(seconds):
+            self._events.append((now, count, seconds))
+
+    def window(self, now: float) -> LatencyWindow:
+        while self._events and self._events[0][0] < now - self.window_s:
+            self._events.popleft()
+        count = sum(e[1] for e in self._events)
+        if count <= 0:
+            return LatencyWindow()
+        return LatencyWindow(1000.0 * sum(e[2] for e in self._events) / count, int(round(count)))
