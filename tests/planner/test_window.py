@@ -42,7 +42,7 @@ def test_histogram_window_sees_only_the_window_and_survives_a_reset() -> None:
     assert window.window(0.9).samples == 150
     window.add(20, totals(100, 50))           # baseline t=5: only the 50 slow ones are in the window
     w = window.window(0.9)
-    assert w.samples == 50 and w.p_ms == pytest.approx(820.0)
+    assert w.samples == 50 and w.p_ms == pytest.approx(910.0)  # 0.1 + 0.9 * 45/50 s
     window.add(30, totals(100, 50))
     assert window.window(0.9).p_ms is None    # an empty window: no evidence
     window.add(31, totals(1, 0))              # the proxy restarted: counts went down
