@@ -22,6 +22,9 @@ litellm_disagg_route_seconds                          histogram model, mode     
                                                                                           remote prefill incl. its queue wait, failovers)
 litellm_disagg_selection_seconds                      histogram model                     choosing the workers (the route plan) alone
 litellm_disagg_prefill_duration_seconds               histogram model, worker             one successful remote prefill call
+litellm_disagg_migrations_total                       counter   cause, outcome            a stream broken mid-answer, continued on another
+                                                                                          decode worker (cause: MIGRATION_CAUSES; outcome:
+                                                                                          MIGRATION_OUTCOMES; routing/migration.py)
 **routing**
 litellm_disagg_routed_total                           counter   model, role, worker       workers chosen (role: the pool it was chosen in)
 litellm_disagg_prompt_tokens_total                    counter   model, role, worker       prompt tokens of those requests (KV routing on)
@@ -66,11 +69,12 @@ litellm_disagg_kv_event_last_applied_timestamp_seconds gauge    worker          
 litellm_disagg_discovery_up                           gauge     (none)                    1 while discovery answers, 0 while it does not
 litellm_disagg_discovery_last_success_timestamp_seconds gauge   (none)                    last successful read (staleness: time() - this)
 litellm_disagg_discovery_last_change_timestamp_seconds  gauge   (none)                    last time the worker list changed
-**planner** (set by the planner, issue 9; placeholders until it lands)
+**planner** (set by the planner, ``planner/report.py``, docs/planner.md)
 litellm_disagg_planner_enabled                        gauge     (none)                    1 while a planner runs in this process, else 0
-litellm_disagg_planner_desired_workers                gauge     model, role               pool size the planner wants (NaN: no planner)
-litellm_disagg_planner_decisions_total                counter   model, action             planner actions (PLANNER_ACTIONS); 0 until then
-litellm_disagg_planner_signal                         gauge     model, signal             the inputs of its last decision (names: planner)
+litellm_disagg_planner_leader                         gauge     (none)                    1 while this process's planner holds the lock (acts)
+litellm_disagg_planner_desired_workers                gauge     model, role               workers of role prefill/decode/both it wants (NaN: no planner)
+litellm_disagg_planner_decisions_total                counter   model, action             planner actions (PLANNER_ACTIONS)
+litellm_disagg_planner_signal                         gauge     model, signal             its last step's pressures and SLO ratios (NaN: unknown)
 **process**
 litellm_disagg_build_info                             gauge     version                   1, with the plugin's version
 ===================================================== ========= ========================= =================================================
@@ -96,6 +100,8 @@ LOCAL_REASONS: Final = ("not_splittable", "cost_model", "threshold", "mode_never
 FAILOVER_CAUSES: Final = ("timeout", "connection", "overloaded", "server_error", "bad_response")
 FALLBACK_CAUSES: Final = ("no_prefill_worker", "prefill_failed")
 FAILURE_CAUSES: Final = ("worker", "other")
+MIGRATION_CAUSES: Final = ("stream_error", "incomplete")
+MIGRATION_OUTCOMES: Final = ("migrated", "failed", "limit", "no_worker", "unsupported")
 PLANNER_ACTIONS: Final = ("scale_up", "scale_down", "role_change")
 INDEX_KINDS: Final = ("held", "distinct", "predicted", "pending_release")
 
@@ -128,6 +134,8 @@ SELECTION = Histogram("litellm_disagg_selection_seconds", "Choosing the workers 
                       buckets=SELECTION_BUCKETS)
 PREFILL_DURATION = Histogram("litellm_disagg_prefill_duration_seconds", "One successful remote prefill call",
                              ["model", "worker"], buckets=TTFT_BUCKETS)
+MIGRATIONS = Counter("litellm_disagg_migrations_total", "Streams broken mid-answer and continued elsewhere",
+                     ["cause", "outcome"])
 
 # -- routing -----------------------------------------------------------------------------------------------------------
 
@@ -206,6 +214,8 @@ DISCOVERY_LAST_CHANGE = Gauge("litellm_disagg_discovery_last_change_timestamp_se
 
 PLANNER_ENABLED = Gauge("litellm_disagg_planner_enabled", "1 while a planner runs in this process",
                         multiprocess_mode="livemax")
+PLANNER_LEADER = Gauge("litellm_disagg_planner_leader", "1 while this process's planner holds the planner lock",
+                       multiprocess_mode="livemax")
 PLANNER_DESIRED_WORKERS = Gauge("litellm_disagg_planner_desired_workers", "Pool size the planner wants",
                                 ["model", "role"], multiprocess_mode="livemostrecent")
 PLANNER_DECISIONS = Counter("litellm_disagg_planner_decisions_total", "Planner actions", ["model", "action"])

@@ -106,8 +106,8 @@ class PoolMetrics:
                 m.REQUEST_FAILURES.labels(model, mode, cause)
         for action in m.PLANNER_ACTIONS:
             m.PLANNER_DECISIONS.labels(model, action)
-        for role in ("prefill", "decode"):
-            m.PLANNER_DESIRED_WORKERS.labels(model, role).set(math.nan)  # no planner (issue 9) has said yet
+        for role in ("prefill", "decode", "both"):
+            m.PLANNER_DESIRED_WORKERS.labels(model, role).set(math.nan)  # until a planner's next step says
 
     # -- periodic -----------------------------------------------------------------------------------------------------
 

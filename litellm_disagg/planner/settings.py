@@ -62,8 +62,14 @@ class PlannerSettings(BaseModel):
     """Decode batch occupancy (running / max) at which the decode side counts as full (pressure 1.0)."""
     kv_usage_high: Annotated[float, Field(gt=0, le=1)] = 0.9
     """Decode KV-cache usage at which the decode side counts as full (pressure 1.0)."""
+    max_batch: Annotated[int, Field(ge=1)] | None = None
+    """A worker's batch capacity (vLLM's ``--max-num-seqs``), for decode batch occupancy; None: occupancy unknown
+    (the engines do not publish it), the KV usage and ITL terms still count."""
     scale_down_below: Annotated[float, Field(ge=0, lt=1)] = 0.2
     """Both pressures below this (for ``hysteresis_steps``): the desired pool sizes shrink by one worker."""
+    flip_timeout_s: Annotated[float, Field(gt=0)] = 180.0
+    """A role request the worker has not followed (published) within this long is given up (logged); the worker's
+    old role's in-flight work must finish first, so keep it above the longest request."""
     max_moves_per_step: Annotated[int, Field(ge=1)] = 1
     """Role changes per model per step."""
     hook_command: list[str] | None = None

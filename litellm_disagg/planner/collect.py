@@ -1,0 +1,209 @@
+"""Collecting the planner's signals: discovery, the workers' ``/metrics``, the proxy's latency histograms.
+
+    SignalCollector.collect(now, workers, pending) -> ClusterSignals
+
+    per worker   role, state, launch's roles       discovery (``RuntimeConfig``)
+                 pending role                      the loop's own role requests not yet published (``pending``)
+                 running, waiting, KV usage         its engine's ``/metrics`` (``LoadScraper``, the engine's names)
+                 queued prefill tokens              in the proxy: ``Accounting``; standalone: unknown (0)
+    per model    TTFT, ITL percentiles              ``LatencySource``: this process's histograms (in the proxy) or
+                                                    the proxies' ``/metrics`` pages (standalone)
+                 KV transfer time                   the workers' NIXL counters (the load scraper's transfer samples)
+                 prefill rate                       in the proxy with KV routing: the remote-or-local decision's
+                                                    fitted prefill line; otherwise unknown (queue term skipped)
+
+One scrape round per step (no background task), so a step's signals are one instant's. A worker whose page did not
+answer reads as unknown load (``None``), never as idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import httpx
+
+from litellm_disagg.engines import engine_for
+from litellm_disagg.observability import metrics as m
+from litellm_disagg.planner.settings import PlannerSettings
+from litellm_disagg.planner.signals import ClusterSignals, ModelSignals, WorkerSignals
+from litellm_disagg.planner.window import (
+    HistogramTotals,
+    HistogramWindow,
+    MeanWindow,
+    page_histograms,
+    registry_histograms,
+)
+from litellm_disagg.routing.kv.load_scraper import LoadScraper, TransferSample
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
+
+logger = logging.getLogger(__name__)
+
+TTFT_METRIC = "litellm_disagg_time_to_first_token_seconds"
+ITL_METRIC = "litellm_disagg_inter_token_latency_seconds"
+
+
+@dataclass(frozen=True)
+class LatencyTotals:
+    """One model's cumulative latency histograms (None: none recorded yet)."""
+
+    ttft: HistogramTotals | None = None
+    itl: HistogramTotals | None = None
+
+
+class LatencySource(Protocol):
+    async def read(self) -> Mapping[str, LatencyTotals]:
+        """Per served model, the cumulative TTFT and ITL histograms now."""
+        ...
+
+
+class InProcessLatency:
+    """The proxy's own histograms (``observability/metrics.py``), read from this process's registry."""
+
+    async def read(self) -> Mapping[str, LatencyTotals]:
+        ttft, itl = registry_histograms(m.TTFT), registry_histograms(m.ITL)
+        return {model: LatencyTotals(ttft.get(model), itl.get(model)) for model in set(ttft) | set(itl)}
+
+
+class ProxyPagesLatency:
+    """The proxies' ``/metrics`` pages (standalone planner): each page's histograms, added up over the proxies."""
+
+    def __init__(self, urls: Sequence[str], *, headers: Mapping[str, str] | None = None, timeout_s: float = 5.0,
+                 client: httpx.AsyncClient | None = None):
+        self.urls = tuple(urls)
+        self._headers = dict(headers or {})
+        self._timeout_s = timeout_s
+        self._client = client
+        self._own = client is None
+
+    async def read(self) -> Mapping[str, LatencyTotals]:
+        client = self._http()
+        pages = await asyncio.gather(*(self._page(client, url) for url in self.urls))
+        merged: dict[str, dict[str, HistogramTotals]] = {TTFT_METRIC: {}, ITL_METRIC: {}}
+        for page in pages:
+            if page is None:
+                continue
+            for name, per_model in page_histograms(page, (TTFT_METRIC, ITL_METRIC)).items():
+                for model, totals in per_model.items():
+                    merged[name][model] = _add(merged[name].get(model), totals)
+        ttft, itl = merged[TTFT_METRIC], merged[ITL_METRIC]
+        return {model: LatencyTotals(ttft.get(model), itl.get(model)) for model in set(ttft) | set(itl)}
+
+    async def _page(self, client: httpx.AsyncClient, url: str) -> str | None:
+        try:
+            response = await client.get(url, headers=self._headers, timeout=self._timeout_s, follow_redirects=True)
+            response.raise_for_status()
+            return response.text
+        except httpx.HTTPError as exc:
+            logger.warning("planner: proxy metrics page %s unreadable: %s", url, exc)
+            return None
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient()
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._own and self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+
+def _add(a: HistogramTotals | None, b: HistogramTotals) -> HistogramTotals:
+    if a is None:
+        return b
+    counts = dict(a.buckets)
+    for le, c in b.buckets:
+        counts[le] = counts.get(le, 0.0) + c
+    return HistogramTotals(tuple(sorted(counts.items())), a.count + b.count)
+
+
+class SignalCollector:
+    """Builds one ``ClusterSignals`` per planner step (see the module docstring)."""
+
+    def __init__(
+        self,
+        settings: PlannerSettings,
+        latency: LatencySource,
+        *,
+        scraper: LoadScraper | None = None,
+        queued_tokens: Callable[[str], int] | None = None,
+        prefill_rate: Callable[[], float | None] | None = None,
+    ):
+        self.settings = settings
+        self.latency = latency
+        self.scraper = scraper or LoadScraper(interval_s=settings.interval_s, timeout_s=min(2.0, settings.interval_s),
+                                              stale_after_s=max(2.0, 2 * settings.interval_s))
+        self.scraper.on_transfers = self._on_transfer
+        self._queued_tokens = queued_tokens
+        self._prefill_rate = prefill_rate
+        self._ttft: dict[str, HistogramWindow] = {}
+        self._itl: dict[str, HistogramWindow] = {}
+        self._transfer: dict[str, MeanWindow] = {}
+        self._model_of: dict[str, str] = {}
+        self._now = 0.0
+
+    def _on_transfer(self, sample: TransferSample) -> None:
+        model = self._model_of.get(sample.worker_id)
+        if model is not None and sample.transfers > 0:
+            # A request's KV moves as one handle per tensor-parallel rank, in parallel: per-handle mean is the
+            # request's transfer time (``load_scraper``'s approximations).
+            self._transfer.setdefault(model, MeanWindow(self.settings.window_s)).add(
+                self._now, sample.transfers, sample.seconds)
+
+    async def collect(self, now: float, workers: Sequence[RuntimeConfig],
+                      pending: Mapping[str, WorkerRole]) -> ClusterSignals:
+        self._now = now
+        self._model_of = {w.worker_id: w.model for w in workers}
+        self.scraper.set_targets({w.worker_id: w.server_url for w in workers},
+                                 metrics={w.worker_id: engine_for(w).adapter.metrics for w in workers})
+        await self.scraper.scrape_once()
+        latency = await self.latency.read()
+        window, q = self.settings.window_s, self.settings.quantile
+        for model, totals in latency.items():
+            if totals.ttft is not None:
+                self._ttft.setdefault(model, HistogramWindow(window)).add(now, totals.ttft)
+            if totals.itl is not None:
+                self._itl.setdefault(model, HistogramWindow(window)).add(now, totals.itl)
+        loads = self.scraper.lookup()
+        rate = self._prefill_rate() if self._prefill_rate is not None else None
+        by_model: dict[str, list[WorkerSignals]] = {}
+        for worker in workers:
+            load = loads(worker.worker_id)
+            known = not load.stale
+            by_model.setdefault(worker.model, []).append(WorkerSignals(
+                worker_id=worker.worker_id,
+                model=worker.model,
+                role=worker.role,
+                state=worker.state,
+                pending_role=pending.get(worker.worker_id),
+                running_requests=int(load.running) if known else 0,
+                waiting_requests=int(load.waiting) if known else 0,
+                queued_prefill_tokens=self._queued_tokens(worker.worker_id) if self._queued_tokens else 0,
+                max_running_requests=self.settings.max_batch,
+                kv_usage=load.kv_usage if known else None,
+                servable_roles=frozenset((worker.role, *worker.allowed_roles)),
+            ))
+        models = []
+        for model in sorted(set(by_model) | set(self._ttft) | set(self._itl)):
+            if model not in by_model:
+                continue
+            ttft, itl, transfer = self._ttft.get(model), self._itl.get(model), self._transfer.get(model)
+            models.append(ModelSignals(
+                model,
+                tuple(by_model[model]),
+                ttft.window(q) if ttft else ModelSignals(model).ttft,
+                itl.window(q) if itl else ModelSignals(model).itl,
+                transfer.window(now) if transfer else ModelSignals(model).transfer,
+                rate,
+            ))
+        return ClusterSignals(tuple(models))
+
+    async def aclose(self) -> None:
+        await self.scraper.stop()
+        close = getattr(self.latency, "aclose", None)
+        if close is not None:
+            await close()

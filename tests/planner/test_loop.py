@@ -1,0 +1,209 @@
+"""The planner loop (planner/loop.py): lock, collect, decide, request roles, report, hook. Discovery is an in-memory
+registry, latencies a source the test drives, workers' pages unreachable (unknown load)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+from prometheus_client import REGISTRY
+
+from litellm_disagg.discovery.roles import RoleNotServable, check_request
+from litellm_disagg.planner.collect import LatencyTotals, SignalCollector
+from litellm_disagg.planner.hook import DesiredHook, HookCall
+from litellm_disagg.planner.lock import LOCK_FILE, FileLock
+from litellm_disagg.planner.loop import PlannerLoop
+from litellm_disagg.planner.policy import DesiredPools
+from litellm_disagg.planner.settings import PlannerSettings
+from litellm_disagg.planner.window import HistogramTotals
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
+
+from ..test_runtime_config import VALID
+
+MODEL = "loop-model"
+SWITCHABLE = ["prefill", "decode", "both"]
+
+
+def worker(worker_id: str, role: str, *, allowed: list[str] = SWITCHABLE) -> RuntimeConfig:
+    # port 1: nothing listens, the scrape fails at once and the worker's load reads as unknown
+    return RuntimeConfig.model_validate(VALID | {"worker_id": worker_id, "role": role, "model": MODEL,
+                                                 "base_url": "http://127.0.0.1:1/v1", "allowed_roles": allowed})
+
+
+class MemoryRegistry:
+    def __init__(self, workers: list[RuntimeConfig]):
+        self.workers = {w.worker_id: w for w in workers}
+        self.requests: list[tuple[str, WorkerRole]] = []
+
+    async def snapshot(self) -> list[RuntimeConfig]:
+        return list(self.workers.values())
+
+    async def request_role(self, worker_id: str, role: WorkerRole) -> None:
+        check_request(self.workers.values(), worker_id, role)
+        self.requests.append((worker_id, role))
+
+    def follow(self) -> None:
+        """The workers take the roles asked for."""
+        for worker_id, role in self.requests:
+            self.workers[worker_id] = self.workers[worker_id].with_role(role)
+
+
+class DrivenLatency:
+    """Cumulative TTFT/ITL histograms; ``observe`` adds requests."""
+
+    def __init__(self) -> None:
+        self.ttft: dict[float, float] = {}
+        self.itl: dict[float, float] = {}
+
+    def observe(self, ttft_s: float, itl_s: float, n: int = 20) -> None:
+        for store, value in ((self.ttft, ttft_s), (self.itl, itl_s)):
+            store[value] = store.get(value, 0) + n
+
+    @staticmethod
+    def _totals(store: dict[float, float]) -> HistogramTotals:
+        bounds = sorted(store) + [float("inf")]
+        cumulative, out = 0.0, []
+        for le in bounds:
+            cumulative += store.get(le, 0)
+            out.append((le, cumulative))
+        return HistogramTotals(tuple(out), cumulative)
+
+    async def read(self) -> Mapping[str, LatencyTotals]:
+        return {MODEL: LatencyTotals(self._totals(self.ttft), self._totals(self.itl))}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def settings(**kw: object) -> PlannerSettings:
+    base: dict[str, object] = {"ttft_ms": 1000, "itl_ms": 50, "hysteresis_steps": 2, "cooldown_s": 30,
+                               "min_samples": 1, "interval_s": 1, "window_s": 10}
+    return PlannerSettings.model_validate(base | kw)
+
+
+def make_loop(tmp_path: Path, registry: MemoryRegistry, latency: DrivenLatency, clock: Clock,
+              **kw: object) -> PlannerLoop:
+    s = settings(**kw)
+    return PlannerLoop(s, registry, SignalCollector(s, latency), FileLock(tmp_path / LOCK_FILE), clock=clock)
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_loop_moves_a_worker_when_ttft_misses_its_slo_and_sees_the_flip_through(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="litellm_disagg.planner")
+    registry = MemoryRegistry([worker("p0", "prefill"), worker("d0", "decode"), worker("d1", "decode")])
+    latency, clock = DrivenLatency(), Clock()
+    loop = make_loop(tmp_path, registry, latency, clock)
+    before = sample("litellm_disagg_planner_decisions_total", model=MODEL, action="role_change")
+    try:
+        steps = []
+        for _ in range(3):                 # first: baseline snapshot; then two steps over the SLO (hysteresis 2)
+            latency.observe(ttft_s=3.0, itl_s=0.01)
+            clock.now += 1
+            steps.append(await loop.tick())
+        assert steps[0] is None and steps[1] is not None and steps[1].moves == ()
+        assert steps[2] is not None and [(m.worker_id, m.to_role) for m in steps[2].moves] == [("d0", "prefill")]
+        assert registry.requests == [("d0", WorkerRole.PREFILL)]
+        assert sample("litellm_disagg_planner_decisions_total", model=MODEL, action="role_change") == before + 1
+        assert sample("litellm_disagg_planner_desired_workers", model=MODEL, role="prefill") == 2
+        assert sample("litellm_disagg_planner_leader") == 1
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("planner decision ")]
+        record = json.loads(lines[-1].removeprefix("planner decision "))
+        assert record["moves"] == [["d0", "decode", "prefill"]] and record["condition"] == "prefill_bound"
+        assert record["ttft_p_ms"] > 1000 and record["current"] == [1, 2, 0] and record["desired"] == [2, 1, 0]
+
+        # while the worker has not published its new role, it counts as flipping: no other move
+        latency.observe(ttft_s=3.0, itl_s=0.01)
+        clock.now += 1
+        step = await loop.tick()
+        assert step is not None and step.moves == ()
+        assert loop.pending.resolve(list(registry.workers.values()), clock.now) == {"d0": WorkerRole.PREFILL}
+        registry.follow()
+        clock.now += 1
+        await loop.tick()
+        assert loop.pending.resolve(list(registry.workers.values()), clock.now) == {}
+        assert any("now serves prefill" in r.getMessage() for r in caplog.records)
+    finally:
+        await loop.stop()
+
+
+async def test_a_refused_role_request_is_logged_and_not_pending(tmp_path: Path,
+                                                                caplog: pytest.LogCaptureFixture) -> None:
+    registry = MemoryRegistry([worker("p0", "prefill"), worker("d0", "decode"), worker("d1", "decode")])
+    latency, clock = DrivenLatency(), Clock()
+    loop = make_loop(tmp_path, registry, latency, clock, hysteresis_steps=1)
+
+    async def refuse(worker_id: str, role: WorkerRole) -> None:
+        raise RoleNotServable(f"worker {worker_id!r} cannot serve role {role.value!r}")
+
+    registry.request_role = refuse  # type: ignore[method-assign]
+    try:
+        for _ in range(2):
+            latency.observe(ttft_s=3.0, itl_s=0.01)
+            clock.now += 1
+            step = await loop.tick()
+        assert step is not None and len(step.moves) == 1
+        assert loop.pending.resolve(list(registry.workers.values()), clock.now) == {}
+        assert any("refused" in r.getMessage() for r in caplog.records)
+    finally:
+        await loop.stop()
+
+
+async def test_two_planners_one_acts_and_the_other_takes_over(tmp_path: Path) -> None:
+    registry = MemoryRegistry([worker("p0", "prefill"), worker("d0", "decode"), worker("d1", "decode")])
+    latency, clock = DrivenLatency(), Clock()
+    first = make_loop(tmp_path, registry, latency, clock, hysteresis_steps=1)
+    second = make_loop(tmp_path, registry, latency, clock, hysteresis_steps=1)
+    try:
+        latency.observe(ttft_s=3.0, itl_s=0.01)
+        assert await first.tick() is None and first.leader     # took the lock; its first step is a baseline
+        assert await second.tick() is None and not second.leader
+        for _ in range(3):
+            latency.observe(ttft_s=3.0, itl_s=0.01)
+            clock.now += 1
+            await first.tick()
+            await second.tick()
+        assert registry.requests == [("d0", WorkerRole.PREFILL)]   # one planner, one move (then flip in progress)
+        assert second.steps == 0
+        await first.stop()                  # the holder goes away
+        latency.observe(ttft_s=3.0, itl_s=0.01)
+        clock.now += 1
+        assert await second.tick() is None and second.leader    # takes over (baseline step)
+        latency.observe(ttft_s=3.0, itl_s=0.01)
+        clock.now += 1
+        assert await second.tick() is not None
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+async def test_hook_runs_with_the_desired_sizes_once_per_change(tmp_path: Path) -> None:
+    out = tmp_path / "hook.jsonl"
+    script = ("import json, os, sys; open(sys.argv[1], 'a').write(json.dumps({'argv': sys.argv[2:], "
+              "'drain': os.environ.get('LITELLM_DISAGG_DRAIN_WORKER'), "
+              "'total': os.environ['LITELLM_DISAGG_DESIRED_TOTAL']}) + '\\n')")
+    hook = DesiredHook([sys.executable, "-c", script, str(out)], timeout_s=30)
+    call = HookCall(DesiredPools("m; rm -rf /", 1, 2, 0), drain="d1")
+    assert await hook.run(call) == 0
+    assert await hook.run(call) is None          # unchanged: not run again
+    assert await hook.run(HookCall(DesiredPools("m; rm -rf /", 1, 3, 0))) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows == [{"argv": ["m; rm -rf /", "1", "2", "0"], "drain": "d1", "total": "3"},
+                    {"argv": ["m; rm -rf /", "1", "3", "0"], "drain": None, "total": "4"}]
+
+
+async def test_hook_that_hangs_is_killed(tmp_path: Path) -> None:
+    hook = DesiredHook([sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=0.5)
+    assert await hook.run(HookCall(DesiredPools("m", 1, 1, 0))) is None
