@@ -4,6 +4,7 @@
     litellm-disagg up [--model PATH] [--port 4000]        one prefill + one decode worker + the LiteLLM proxy
     litellm-disagg prepare-model [--tiny] [--out DIR]     make a model offline (SmolLM2-135M-Instruct or a tiny one)
     litellm-disagg workers [--registry-dir DIR] [--json]  list the workers discovery knows (a table; JSON lines)
+    litellm-disagg role WORKER prefill|decode|both        move a --switchable worker to another pool, wait for it
     litellm-disagg top [--metrics-url URL] [--once]       a live view of the cluster (observability/top.py)
 """
 
@@ -41,6 +42,10 @@ def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--kv-events-port", type=int, help="publish vLLM KV events on this port (ZMQ)")
     p.add_argument("--kv-load-failure-policy", choices=["recompute", "fail"], default="recompute")
+    p.add_argument("--switchable", action="store_true",
+                   help="launch the engine to serve every role (vLLM: kv_role kv_both) and start in --role; the worker "
+                        "then changes pool without a restart when asked (litellm-disagg role, the planner). vLLM pull "
+                        "transfer only (docs/role-change.md)")
     p.add_argument("--worker-id", help="id in discovery (default: ROLE-HOST-PORT)")
     add_registry_args(p)
     p.add_argument("--heartbeat-interval", type=float, default=FileRegistrySettings().heartbeat_interval_s)
@@ -55,6 +60,10 @@ def _run_worker(args: argparse.Namespace) -> int:
 
     engine = get_engine(args.engine)
     role = WorkerRole(args.role)
+    if args.switchable and args.engine != "vllm":
+        print("--switchable: only vLLM with pull transfer (NixlConnector) serves every role from one launch "
+              f"(not {args.engine}; docs/role-change.md)", file=sys.stderr)
+        return 2
     device = engine.adapter.detect_device() if args.device == "auto" else args.device
     port = args.port or free_port(args.host)
     transfer_host = args.nixl_host or args.host
@@ -63,7 +72,7 @@ def _run_worker(args: argparse.Namespace) -> int:
     spec = LaunchSpec(
         model=args.model,
         served_model_name=args.served_model_name or Path(args.model.rstrip("/")).name,
-        role=role,
+        role=WorkerRole.BOTH if args.switchable else role,
         host=args.host,
         port=port,
         transfer_host=transfer_host,
@@ -81,6 +90,8 @@ def _run_worker(args: argparse.Namespace) -> int:
         heartbeat_interval_s=args.heartbeat_interval,
         drain_timeout_s=args.drain_timeout,
         drain_settle_s=args.drain_settle,
+        role=role,
+        allowed_roles=tuple(WorkerRole) if args.switchable else (),
     )
     return asyncio.run(WorkerWrapper(spec, lifecycle, registry_from_args(args), engine=engine).run())
 
@@ -103,6 +114,20 @@ def _run_workers(args: argparse.Namespace) -> int:
     configs = asyncio.run(registry_from_args(args).snapshot())
     print_workers(configs, as_json=args.json)
     return 0
+
+
+def _run_role(args: argparse.Namespace) -> int:
+    from litellm_disagg.discovery.role_command import change_role
+
+    async def run() -> int:
+        registry = registry_from_args(args)
+        try:
+            return await change_role(registry, args.worker_id, WorkerRole(args.role), timeout_s=args.timeout,
+                                     out=sys.stdout, err=sys.stderr)
+        finally:
+            await registry.close()
+
+    return asyncio.run(run())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
     lst.add_argument("--json", action="store_true", help="one JSON object per worker and line (as published)")
     add_registry_args(lst)
 
+    rc = sub.add_parser("role", help="move a running --switchable worker to another pool (prefill, decode, both)")
+    rc.add_argument("worker_id", metavar="WORKER", help="the worker's id in discovery (litellm-disagg workers)")
+    rc.add_argument("role", choices=[r.value for r in WorkerRole])
+    rc.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the worker to publish it (30)")
+    add_registry_args(rc)
+
     top = sub.add_parser("top", help="a live view of the cluster: pools, workers' load, the proxy's latencies")
     top.add_argument("--metrics-url", help="the proxy's Prometheus page (e.g. http://127.0.0.1:4000/metrics)")
     top.add_argument("--metrics-key", default=os.environ.get("LITELLM_MASTER_KEY"),
@@ -156,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_prepare(args)
     if args.command == "workers":
         return _run_workers(args)
+    if args.command == "role":
+        return _run_role(args)
     if args.command == "top":
         from litellm_disagg.observability.top import run_top
 

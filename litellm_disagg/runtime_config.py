@@ -130,6 +130,9 @@ class RuntimeConfig(BaseModel):
     block_size: Annotated[int, Field(ge=1, le=65536)]
     kv_events_endpoint: Annotated[str, Field(max_length=512)] | None = None
     tensor_parallel_size: Annotated[int, Field(ge=1, le=1024)] = 1
+    allowed_roles: tuple[WorkerRole, ...] = ()
+    """Roles the worker's launch can serve, so it can change pool without a restart (``docs/role-change.md``);
+    empty: only ``role`` (a worker launched for one role, or one older than role changes)."""
     state: WorkerState = WorkerState.STARTING
     started_at: float = Field(default_factory=time.time)
     version: Annotated[str, Field(max_length=64)] = __version__
@@ -160,6 +163,8 @@ class RuntimeConfig(BaseModel):
     def _write_legacy_keys(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # For 0.1 routers, which require nixl_host/nixl_port (and know backend, not engine).
         data: dict[str, Any] = handler(self)
+        if not data.get("allowed_roles", True):
+            del data["allowed_roles"]  # the default: a worker that cannot change role publishes what it did before
         if "transfer" in data and isinstance(self.transfer, VllmNixlTransfer):
             data |= {"backend": self.engine, "nixl_host": self.transfer.host, "nixl_port": self.transfer.port}
         return data
@@ -169,6 +174,14 @@ class RuntimeConfig(BaseModel):
     @classmethod
     def _role_from_str(cls, value: object) -> object:
         return WorkerRole(value) if isinstance(value, str) else value
+
+    @field_validator("allowed_roles", mode="before")
+    @classmethod
+    def _allowed_roles_from_list(cls, value: object) -> object:
+        # JSON gives a list of strings; accept exactly that (and a tuple of roles), nothing else.
+        if isinstance(value, (list, tuple)):
+            return tuple(WorkerRole(v) if isinstance(v, str) else v for v in value)
+        return value
 
     @field_validator("state", mode="before")
     @classmethod
@@ -204,6 +217,13 @@ class RuntimeConfig(BaseModel):
 
     def with_state(self, state: WorkerState) -> RuntimeConfig:
         return self.model_copy(update={"state": state})
+
+    def can_serve_role(self, role: WorkerRole) -> bool:
+        """Whether the worker's launch serves ``role`` (its own, or one of ``allowed_roles``)."""
+        return role is self.role or role in self.allowed_roles
+
+    def with_role(self, role: WorkerRole) -> RuntimeConfig:
+        return self.model_copy(update={"role": role})
 
 
 LEGACY_KEYS: Final = frozenset({"nixl_host", "nixl_port", "backend"})

@@ -7,6 +7,7 @@ test double for ``consul``) and that can write broken entries straight into that
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -22,6 +23,7 @@ from litellm_disagg.discovery.consul.registry import ConsulRegistry
 from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.discovery.registry import Registry, RegistryError
+from litellm_disagg.discovery.roles import RoleNotServable, RoleRequest, UnknownWorker
 from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState
 
 from .consul_double import ConsulDouble
@@ -31,11 +33,15 @@ TTL_S = 0.6
 INVALID_KINDS = ["garbage", "wrong_types", "unknown_role", "missing_fields", "duplicate_id", "oversized"]
 
 
-def make_config(worker_id: str, *, state: WorkerState = WorkerState.READY, model: str = "tiny-model") -> RuntimeConfig:
+def make_config(
+    worker_id: str, *, state: WorkerState = WorkerState.READY, model: str = "tiny-model",
+    allowed_roles: tuple[WorkerRole, ...] = (),
+) -> RuntimeConfig:
     return RuntimeConfig(
         worker_id=worker_id,
         model=model,
         role=WorkerRole.PREFILL,
+        allowed_roles=allowed_roles,
         base_url="http://127.0.0.1:8100/v1",
         transfer=VllmNixlTransfer(host="127.0.0.1", port=5600),
         kv_capacity_blocks=1000,
@@ -67,6 +73,8 @@ class Harness(Protocol):
 
     async def inject_invalid(self, kind: str, valid: RuntimeConfig) -> None: ...
 
+    async def write_role_request(self, worker_id: str, raw: bytes) -> None: ...
+
     async def aclose(self) -> None: ...
 
 
@@ -90,6 +98,10 @@ class FileHarness:
             return
         record = {"heartbeat_at": time.time() + 60, "config": broken_fields(kind, valid)}
         (self.directory / name).write_text(json.dumps(record))
+
+    async def write_role_request(self, worker_id: str, raw: bytes) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        (self.directory / f"{worker_id}.role.json").write_bytes(raw)
 
     async def aclose(self) -> None:
         for registry in self._registries:
@@ -132,6 +144,10 @@ class ConsulHarness:
                 "Check": {"TTL": "60s", "Status": "passing"},
             })
             response.raise_for_status()
+
+    async def write_role_request(self, worker_id: str, raw: bytes) -> None:
+        async with httpx.AsyncClient(base_url=self.double.url, trust_env=False) as client:
+            (await client.put(f"/v1/kv/litellm-disagg/roles/{worker_id}", content=raw)).raise_for_status()
 
     async def aclose(self) -> None:
         for registry in self._registries:
@@ -274,6 +290,103 @@ async def test_watch_after_close_ends_at_once(backend: Harness) -> None:
     await registry.close()
     watch = WatchCollector(registry)
     await asyncio.wait_for(watch.task, 2.0)
+
+
+# -- role requests (discovery/roles.py) ------------------------------------------------------------------------------
+
+SWITCHABLE = (WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH)
+
+
+class RoleCollector:
+    """Collects what ``role_requests(worker_id)`` yields, in a task."""
+
+    def __init__(self, registry: Registry, worker_id: str):
+        self.seen: list[RoleRequest | None] = []
+        self.task = asyncio.create_task(self._run(registry, worker_id))
+
+    async def _run(self, registry: Registry, worker_id: str) -> None:
+        async for request in registry.role_requests(worker_id):
+            self.seen.append(request)
+
+    async def until(self, predicate: Any, timeout_s: float = 5.0) -> RoleRequest | None:
+        async def ok() -> bool:
+            return bool(self.seen) and predicate(self.seen[-1])
+
+        await eventually(ok, timeout_s=timeout_s)
+        return self.seen[-1]
+
+    async def stop(self) -> None:
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+
+
+async def test_role_request_reaches_the_worker(backend: Harness) -> None:
+    worker, planner = backend.registry(), backend.registry()
+    await worker.publish(make_config("w-1", allowed_roles=SWITCHABLE))
+    requests = RoleCollector(worker, "w-1")
+    try:
+        assert await requests.until(lambda r: True) is None  # nothing requested yet: yields None at once
+        await planner.request_role("w-1", WorkerRole.DECODE)
+        got = await requests.until(lambda r: r is not None)
+        assert got is not None and got.worker_id == "w-1" and got.role is WorkerRole.DECODE
+        await planner.request_role("w-1", WorkerRole.BOTH)
+        assert (await requests.until(lambda r: r is not None and r.role is WorkerRole.BOTH)) is not None
+    finally:
+        await requests.stop()
+
+
+async def test_role_request_for_an_unknown_worker_is_refused(backend: Harness) -> None:
+    planner = backend.registry()
+    await backend.registry().publish(make_config("w-1", allowed_roles=SWITCHABLE))
+    with pytest.raises(UnknownWorker, match="no-such-worker"):
+        await planner.request_role("no-such-worker", WorkerRole.DECODE)
+
+
+async def test_role_request_the_launch_cannot_serve_is_refused(backend: Harness) -> None:
+    worker, planner = backend.registry(), backend.registry()
+    await worker.publish(make_config("w-fixed"))  # launched for prefill only
+    with pytest.raises(RoleNotServable, match="--switchable"):
+        await planner.request_role("w-fixed", WorkerRole.DECODE)
+    await planner.request_role("w-fixed", WorkerRole.PREFILL)  # its own role is always servable
+
+
+async def test_withdraw_deletes_the_role_request(backend: Harness) -> None:
+    worker, planner = backend.registry(), backend.registry()
+    await worker.publish(make_config("w-1", allowed_roles=SWITCHABLE))
+    await planner.request_role("w-1", WorkerRole.DECODE)
+    await worker.withdraw("w-1")
+    requests = RoleCollector(worker, "w-1")
+    try:
+        assert await requests.until(lambda r: True) is None
+    finally:
+        await requests.stop()
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b'{"worker_id": "w-other", "role": "decode", "requested_at": 1.0}',
+                                 b'{"worker_id": "w-1", "role": "oracle", "requested_at": 1.0}', b"x" * 5000])
+async def test_invalid_role_request_reads_as_none_and_is_logged(
+    backend: Harness, raw: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = backend.registry()
+    await worker.publish(make_config("w-1", allowed_roles=SWITCHABLE))
+    caplog.set_level(logging.WARNING, logger="litellm_disagg")
+    await backend.write_role_request("w-1", raw)
+    requests = RoleCollector(worker, "w-1")
+    try:
+        assert await requests.until(lambda r: True) is None
+        await eventually(lambda: any("role request" in r.getMessage() for r in caplog.records), timeout_s=5.0)
+    finally:
+        await requests.stop()
+
+
+async def test_close_ends_role_requests(backend: Harness) -> None:
+    registry = backend.registry()
+    requests = RoleCollector(registry, "w-1")
+    await requests.until(lambda r: True)
+    await registry.close()
+    await asyncio.wait_for(requests.task, 5.0)
+    assert requests.task.done() and not requests.task.cancelled()
 
 
 async def test_backends_implement_the_protocol(tmp_path: Path) -> None:

@@ -9,14 +9,23 @@ Contract, shared by every backend (and checked by one contract test suite run ag
 - ``snapshot()`` returns the live, valid entries. An entry that does not validate is skipped and logged once, never
   raised: one broken worker must not take discovery down.
 - ``watch()`` yields a snapshot at once and then after every change, until the registry is closed.
+- ``request_role(worker_id, role)`` asks a live worker to change pool (``discovery/roles.py``): it stores the request
+  and returns; it raises ``UnknownWorker`` when no live entry has that id and ``RoleNotServable`` when the entry's
+  launch cannot serve the role. The worker, not this call, changes the published role.
+- ``role_requests(worker_id)`` (the worker's side) yields the worker's current ``RoleRequest`` (or ``None``) at once
+  and then after every change, until the registry is closed; an invalid stored request reads as ``None`` (logged
+  once). ``withdraw`` also deletes the worker's request.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from litellm_disagg.runtime_config import RuntimeConfig
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
+
+if TYPE_CHECKING:
+    from litellm_disagg.discovery.roles import RoleRequest
 
 
 class RegistryError(Exception):
@@ -34,5 +43,9 @@ class Registry(Protocol):
     async def snapshot(self) -> list[RuntimeConfig]: ...
 
     def watch(self) -> AsyncIterator[list[RuntimeConfig]]: ...
+
+    async def request_role(self, worker_id: str, role: WorkerRole) -> None: ...
+
+    def role_requests(self, worker_id: str) -> AsyncIterator[RoleRequest | None]: ...
 
     async def close(self) -> None: ...

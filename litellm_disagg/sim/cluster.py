@@ -55,9 +55,11 @@ class SimCluster:
         return list(await asyncio.gather(*(self.add(role) for role in roles)))
 
     async def add(
-        self, role: WorkerRole, *, worker_id: str | None = None, settings: SimSettings | None = None
+        self, role: WorkerRole, *, worker_id: str | None = None, settings: SimSettings | None = None,
+        switchable: bool = False,
     ) -> SimWorker:
-        """Start one more worker (``settings`` overrides the cluster's for this one) and register it."""
+        """Start one more worker (``settings`` overrides the cluster's for this one) and register it; a
+        ``switchable`` one follows role requests (``docs/role-change.md``)."""
         worker_id = worker_id or f"{self.name}-{role.value}-{next(self._counter)}"
         if worker_id in self.workers:
             raise ValueError(f"worker id {worker_id!r} is taken")
@@ -69,6 +71,7 @@ class SimCluster:
             heartbeat_interval_s=self.heartbeat_interval_s,
             host=self.host,
             directory=self.directory,
+            switchable=switchable,
         )
         self.workers[worker_id] = worker
         try:

@@ -86,9 +86,15 @@ class SimWorker:
         heartbeat_interval_s: float = 2.0,
         host: str = "127.0.0.1",
         directory: EngineDirectory = DIRECTORY,
+        switchable: bool = False,
     ):
+        """``switchable``: the engine serves every kind of request (as vLLM launched ``kv_both``) and the worker
+        follows role requests from discovery (``docs/role-change.md``); vLLM's transfer protocol only."""
+        if switchable and (settings or SimSettings()).engine_name != "vllm":
+            raise ValueError("a switchable simulated worker speaks vLLM's transfer protocol only")
         self.worker_id = worker_id
         self.role = role
+        self.switchable = switchable
         self.settings = settings or SimSettings()
         self.registry = registry
         self.heartbeat_interval_s = heartbeat_interval_s
@@ -131,6 +137,7 @@ class SimWorker:
             kv_capacity_blocks=self.settings.engine.num_gpu_blocks,
             block_size=self.settings.engine.block_size,
             kv_events_endpoint=self.kv_events_endpoint,
+            allowed_roles=tuple(WorkerRole) if self.switchable else (),
             state=WorkerState.READY,
         )
 
@@ -155,7 +162,7 @@ class SimWorker:
         sglang = self.settings.engine_name == "sglang"
         self.engine = SimEngine(
             self.settings,
-            self.role,
+            WorkerRole.BOTH if self.switchable else self.role,
             engine_id=bootstrap_engine_id(self.host, nixl_port) if sglang else None,
             nixl_host=self.host,
             nixl_port=nixl_port,
@@ -170,10 +177,16 @@ class SimWorker:
             self.config,
             self._activity,
             heartbeat_interval_s=self.heartbeat_interval_s,
+            on_role_change=self._role_changed,
         )
         self.state = SimWorkerState.READY
         await self._lifecycle.announce()
         return self.config
+
+    async def _role_changed(self, old: WorkerRole, new: WorkerRole) -> None:
+        self.role = new  # the engine already serves every kind (switchable); the published config has the new role
+        if self._lifecycle is not None:
+            self.config = self._lifecycle.config
 
     async def drain(self, *, timeout_s: float = 30.0, settle_s: float = 0.0) -> bool:
         """Leave gracefully. True when the engine went idle in time, False when the timeout cut in-flight work."""

@@ -16,6 +16,15 @@ restarts the window.
 
 Registry calls never overlap (one lock), so a heartbeat in flight cannot land after the DRAINING publish or after the
 withdraw it precedes.
+
+Role changes (``docs/role-change.md``). When the registry can tell the worker of role requests
+(``Registry.role_requests``), ``announce()`` also follows them: a request for another role that the worker's launch can
+serve (``RuntimeConfig.can_serve_role``) is applied at once by ``change_role``: the config is republished READY with
+the new role (routers stop sending work of the old kind as soon as they see it), then the worker's ``on_role_change``
+hook runs (the simulator switches its engine; vLLM launched ``kv_both`` needs nothing). Work of the old role already
+in flight simply finishes: the engine serves both kinds at once, and a prefill's KV held for a decode stays until the
+decode pulls it (or the engine's abort timeout releases it). A request the launch cannot serve, or one that arrives
+while draining, is refused and logged; the worker keeps its role.
 """
 
 from __future__ import annotations
@@ -24,13 +33,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from litellm_disagg.discovery.registry import RegistryError
-from litellm_disagg.runtime_config import RuntimeConfig, WorkerState
+from litellm_disagg.discovery.roles import RoleRequest
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +53,34 @@ class RegistryWriter(Protocol):
     async def heartbeat(self, worker_id: str) -> None: ...
 
     async def withdraw(self, worker_id: str) -> None: ...
+
+
+@runtime_checkable
+class RoleRequestSource(Protocol):
+    """The part of ``discovery.Registry`` that tells a worker of role requests (every registry has it; the simulator's
+    unlisted stand-in and test fakes may not, and then the worker keeps its launch role)."""
+
+    def role_requests(self, worker_id: str) -> AsyncIterator[RoleRequest | None]: ...
+
+
+RoleChangeHook = Callable[[WorkerRole, WorkerRole], Awaitable[None]]
+"""Called with (old role, new role) right after the new role is published."""
+
+
+class RoleChangeRefused(Exception):
+    """``change_role`` to a role the worker's launch cannot serve, or while it is not READY."""
+
+
+@dataclass(frozen=True)
+class RoleChange:
+    """One applied role change, for logs and measurements."""
+
+    old: WorkerRole
+    new: WorkerRole
+    published_at: float
+    """Unix time the new role was published."""
+    requested_at: float | None = None
+    """Unix time of the request (the requester's clock), when it came through discovery."""
 
 
 @dataclass(frozen=True)
@@ -88,17 +126,26 @@ class WorkerLifecycle:
         heartbeat_interval_s: float = 2.0,
         drain: DrainPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_role_change: RoleChangeHook | None = None,
+        role_retry_s: float = 1.0,
     ):
-        """``clock`` measures the drain's timeout and settle window (tests pass a fake one)."""
+        """``clock`` measures the drain's timeout and settle window (tests pass a fake one). ``on_role_change`` runs
+        after a role change is published; ``role_retry_s`` is the pause before following role requests again after
+        the registry failed."""
         self.registry = registry
         self.config = config.with_state(WorkerState.READY)
         self.probe = probe
         self.heartbeat_interval_s = heartbeat_interval_s
         self.drain_policy = drain or DrainPolicy()
         self.clock = clock
+        self.on_role_change = on_role_change
+        self.role_retry_s = role_retry_s
+        self.role_changes: list[RoleChange] = []
+        """Every role change applied, oldest first."""
         self._lock = asyncio.Lock()
         self._stop_heartbeats = asyncio.Event()
         self._heartbeat_task: asyncio.Task[None] | None = None
+        self._role_task: asyncio.Task[None] | None = None
         self._left = False
 
     @property
@@ -114,11 +161,40 @@ class WorkerLifecycle:
         async with self._lock:
             await self.registry.publish(self.config)
         self._heartbeat_task = asyncio.create_task(self._heartbeats(), name=f"heartbeat-{self.worker_id}")
+        if isinstance(self.registry, RoleRequestSource):
+            self._role_task = asyncio.create_task(self._follow_roles(self.registry), name=f"roles-{self.worker_id}")
+
+    async def change_role(self, role: WorkerRole, *, requested_at: float | None = None) -> RoleChange | None:
+        """Publish the config with ``role`` (READY), then run the hook. ``None`` when ``role`` is already the worker's;
+        ``RoleChangeRefused`` when its launch cannot serve ``role`` or it is not READY (draining, left). A failed
+        publish raises ``RegistryError`` and changes nothing."""
+        role = WorkerRole(role)
+        async with self._lock:
+            old = self.config.role
+            if role is old:
+                return None
+            if self._left or self.config.state is not WorkerState.READY:
+                raise RoleChangeRefused(f"worker {self.worker_id} is {self.config.state.value}: keeps role {old.value}")
+            if not self.config.can_serve_role(role):
+                raise RoleChangeRefused(
+                    f"worker {self.worker_id} was not launched to serve {role.value!r} (start it with --switchable)"
+                )
+            new_config = self.config.with_role(role)
+            await self.registry.publish(new_config)
+            self.config = new_config
+            change = RoleChange(old=old, new=role, published_at=time.time(), requested_at=requested_at)
+            self.role_changes.append(change)
+        waited = f" {1000 * (change.published_at - requested_at):.0f} ms after the request" if requested_at else ""
+        logger.info("worker %s: role %s -> %s published%s", self.worker_id, old.value, role.value, waited)
+        if self.on_role_change is not None:
+            await self.on_role_change(old, role)
+        return change
 
     async def drain(self, policy: DrainPolicy | None = None) -> DrainOutcome:
         """Publish DRAINING and wait for the engine to settle (``policy`` replaces the lifecycle's for this drain)."""
         policy = policy or self.drain_policy
         logger.info("draining %s", self.worker_id)
+        await self._stop_following_roles()  # a draining worker changes role no more
         self.config = self.config.with_state(WorkerState.DRAINING)
         try:
             async with self._lock:
@@ -140,6 +216,7 @@ class WorkerLifecycle:
             return
         self._left = True
         self._stop_heartbeats.set()
+        await self._stop_following_roles()
         if self._heartbeat_task is not None:
             await self._heartbeat_task
         try:
@@ -151,11 +228,40 @@ class WorkerLifecycle:
     async def abandon(self) -> None:
         """Stop heartbeating at once and leave the entry to age out (a crash). Later calls to ``leave`` do nothing."""
         self._left = True
+        await self._stop_following_roles()
         task, self._heartbeat_task = self._heartbeat_task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+    async def _stop_following_roles(self) -> None:
+        task, self._role_task = self._role_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _follow_roles(self, source: RoleRequestSource) -> None:
+        """Apply each role request as it comes; survive registry failures (the worker keeps its role meanwhile)."""
+        while not self._left:
+            try:
+                async for request in source.role_requests(self.worker_id):
+                    if request is None or request.role is self.config.role:
+                        continue
+                    try:
+                        await self.change_role(request.role, requested_at=request.requested_at)
+                    except RoleChangeRefused as exc:
+                        logger.warning("role request refused: %s", exc)
+                    except RegistryError as exc:
+                        logger.warning("worker %s: could not publish role %s: %s", self.worker_id, request.role.value,
+                                       exc)
+                        break  # read the request again after the pause, and retry
+                else:
+                    return  # the registry closed
+            except RegistryError as exc:
+                logger.warning("worker %s: following role requests failed (will retry): %s", self.worker_id, exc)
+            await asyncio.sleep(self.role_retry_s)
 
     async def _heartbeats(self) -> None:
         while True:

@@ -49,6 +49,11 @@ class LifecycleOptions:
     Covers requests routed just before routers saw the drain, and prefills whose KV a decode has yet to pull."""
     stop_timeout_s: float = 30.0
     log_tail_lines: int = 40
+    role: WorkerRole | None = None
+    """The role published at start; default: the launch's (``LaunchSpec.role``). A ``--switchable`` worker is
+    launched ``both`` and published in the role the operator chose."""
+    allowed_roles: tuple[WorkerRole, ...] = ()
+    """Roles the launch can serve, published so planners and ``litellm-disagg role`` may move the worker."""
 
     def drain_policy(self) -> DrainPolicy:
         return DrainPolicy(timeout_s=self.drain_timeout_s, settle_s=self.drain_settle_s)
@@ -115,7 +120,8 @@ class WorkerWrapper:
         argv = self.command or list(self.launch.argv)
         for path, text in self.launch.files.items():
             await asyncio.to_thread(Path(path).write_text, text)
-        logger.info("starting %s (%s): %s", self.engine.name, self.spec.role.value, " ".join(argv))
+        logger.info("starting %s (launched %s, published %s): %s", self.engine.name, self.spec.role.value,
+                    (self.lifecycle.role or self.spec.role).value, " ".join(argv))
         self._proc = await asyncio.create_subprocess_exec(
             *argv,
             env=dict(self.launch.env),
@@ -144,7 +150,8 @@ class WorkerWrapper:
         self.config = RuntimeConfig(
             worker_id=self.lifecycle.worker_id,
             model=self.spec.served_model_name,
-            role=self.spec.role,
+            role=self.lifecycle.role or self.spec.role,
+            allowed_roles=self.lifecycle.allowed_roles,
             engine=self.engine.name,
             base_url=f"{self.server_url}/v1",
             transfer=self.launch.transfer,

@@ -43,6 +43,8 @@ KV_KEY = "ld_kv_key"
 FORMAT_META = "meta-1"
 FORMAT_KV = "kv-1"
 _SUMMARY_FIELDS = ("worker_id", "model", "role", "state")
+ROLES_KEY = "allowed_roles"
+"""The one list field of a config: its roles, comma-separated in Meta."""
 TRANSFER_PREFIX = "transfer_"
 """Meta keys of the flattened transfer section (``transfer_kind``, ``transfer_host``...)."""
 _SERVICE_NAME_MAX = 63  # one DNS label: Consul warns about longer (or non-DNS) service names
@@ -120,6 +122,8 @@ def _as_meta(config: RuntimeConfig) -> dict[str, str] | None:
     meta: dict[str, str] = {}
     fields = config.model_dump(mode="json")
     transfer = fields.pop("transfer")
+    if ROLES_KEY in fields:  # a list of role names: one comma-separated Meta value
+        fields[ROLES_KEY] = ",".join(fields[ROLES_KEY])
     for name, value in [*fields.items(), *((f"{TRANSFER_PREFIX}{key}", value) for key, value in transfer.items())]:
         if value is None:
             field = RuntimeConfig.model_fields.get(name)
@@ -161,6 +165,8 @@ def decode_meta(meta: Mapping[str, str]) -> RuntimeConfig | KvReference:
         name: value for name, value in meta.items() if name in RuntimeConfig.model_fields or name in LEGACY_KEYS
     }
     transfer = {name[len(TRANSFER_PREFIX) :]: value for name, value in meta.items() if name.startswith(TRANSFER_PREFIX)}
+    if ROLES_KEY in fields:
+        fields[ROLES_KEY] = [role for role in fields[ROLES_KEY].split(",") if role]
     if transfer:
         fields["transfer"] = transfer  # else a 0.1 entry: RuntimeConfig reads its nixl_host/nixl_port
     # Meta holds only strings: numbers and enums are parsed from their text here (lax), never anywhere else.

@@ -12,7 +12,14 @@ Worker side
         ``PUT /v1/agent/check/pass/service:<worker_id>`` (TTL), or a look-up of the service (HTTP check). When the
         agent has lost the registration (restarted without state, or reaped it after an outage), registers again.
     ``withdraw(worker_id)``
-        ``PUT /v1/agent/service/deregister/<worker_id>`` (unknown is fine) and the worker's KV documents.
+        ``PUT /v1/agent/service/deregister/<worker_id>`` (unknown is fine), the worker's KV documents and its role
+        request.
+    ``role_requests(worker_id)``
+        Blocking queries on ``<role_kv_prefix>/<worker_id>`` (``roles.py``).
+
+Planner and operator side
+    ``request_role(worker_id, role)``
+        Checks the live entries (``discovery/roles.py``), then ``PUT /v1/kv/<role_kv_prefix>/<worker_id>``.
 
 Router side
     ``snapshot()``
@@ -49,9 +56,11 @@ from litellm_disagg.discovery.consul.http import ConsulError, ConsulHttp, Consul
 from litellm_disagg.discovery.consul.reader import ConsulReader
 from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.discovery.consul.watch import ConsulWatch
+from litellm_disagg.discovery.consul import roles
 from litellm_disagg.discovery.registry import RegistryError
+from litellm_disagg.discovery.roles import RoleRequest, check_request
 from litellm_disagg.discovery.status import DiscoveryStatus
-from litellm_disagg.runtime_config import RuntimeConfig
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +160,20 @@ class ConsulRegistry:
         published = self._published.pop(worker_id, None)
         if published is not None and published.kv_keys:
             await self._delete_kv(worker_id_prefix(self.settings.kv_prefix, worker_id), recurse=True)
+        if published is not None:
+            await roles.delete(self._http, self.settings, worker_id)
+
+    # -- role requests (discovery/roles.py) -------------------------------------------------------------------------
+
+    async def request_role(self, worker_id: str, role: WorkerRole) -> None:
+        check_request(await self.snapshot(), worker_id, role)
+        await roles.write(self._http, self.settings, RoleRequest(worker_id=worker_id, role=role))
+
+    async def role_requests(self, worker_id: str) -> AsyncIterator[RoleRequest | None]:
+        if self._closed:
+            return
+        async for request in roles.follow(self._http, self.settings, worker_id, lambda: self._closed):
+            yield request
 
     def _registration(self, config: RuntimeConfig, meta: dict[str, str]) -> dict[str, Any]:
         address, port = address_and_port(config.base_url)

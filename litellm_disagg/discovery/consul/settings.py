@@ -58,6 +58,8 @@ class ConsulRegistrySettings(BaseModel):
     """Tag on every worker's service; routers only read services carrying it."""
     kv_prefix: Annotated[str, Field(min_length=1, pattern=r"^[^/].*[^/]$|^[^/]$")] = "litellm-disagg/workers"
     """KV prefix for configs too large for service Meta (``<kv_prefix>/<worker_id>/<digest>``)."""
+    role_kv_prefix: Annotated[str, Field(min_length=1, pattern=r"^[^/].*[^/]$|^[^/]$")] = "litellm-disagg/roles"
+    """KV prefix of role requests (``<role_kv_prefix>/<worker_id>``, ``docs/role-change.md``)."""
 
     # -- health ------------------------------------------------------------------------------------------------------
     check: Literal["ttl", "http"] = "ttl"

@@ -8,7 +8,8 @@ older than ``ttl_s`` are ignored (and swept by the next writer). Readers poll; `
 Entries are claims, not facts: anyone who can write the directory can write one. A reader skips (and logs once) what
 is not a plain file (a symlink, a FIFO, a device), a file larger than ``MAX_ENTRY_BYTES``, a heartbeat that is not a
 finite number or lies in the future (beyond ``ttl_s`` of clock skew), and invalid configs; and it warns once when the
-directory is writable by its group or by everyone. An unchanged file (same size, modification time and inode) is not
+directory is writable by its group or by everyone. Role requests live next to the entries as ``<worker_id>.role.json``
+(``request_role`` writes one, ``role_requests`` polls it, ``withdraw`` deletes it) and are read with the same care. An unchanged file (same size, modification time and inode) is not
 parsed again, so a directory of thousands of entries costs one ``stat`` each per poll.
 """
 
@@ -32,14 +33,17 @@ from pydantic import ValidationError
 
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.discovery.registry import RegistryError
+from litellm_disagg.discovery.roles import MAX_REQUEST_BYTES, RoleRequest, check_request, decode_request
 from litellm_disagg.discovery.status import DiscoveryStatus
-from litellm_disagg.runtime_config import RuntimeConfig
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
 _SUFFIX = ".worker.json"
+_ROLE_SUFFIX = ".role.json"
+"""A worker's role request (``discovery/roles.py``), next to its entry."""
 MAX_ENTRY_BYTES = 64 * 1024
 """A RuntimeConfig is well under 2 KiB; anything this large is not one."""
 
@@ -81,9 +85,68 @@ class FileRegistry:
     async def withdraw(self, worker_id: str) -> None:
         self._published.pop(worker_id, None)
         await self._in_thread(functools.partial(self._path(worker_id).unlink, missing_ok=True))
+        await self._in_thread(functools.partial(self._role_path(worker_id).unlink, missing_ok=True))
 
     def _path(self, worker_id: str) -> Path:
         return self.directory / f"{worker_id}{_SUFFIX}"
+
+    def _role_path(self, worker_id: str) -> Path:
+        return self.directory / f"{worker_id}{_ROLE_SUFFIX}"
+
+    # -- role requests (discovery/roles.py) --------------------------------------------------------------------------
+
+    async def request_role(self, worker_id: str, role: WorkerRole) -> None:
+        check_request(await self.snapshot(), worker_id, role)
+        request = RoleRequest(worker_id=worker_id, role=role)
+        await self._in_thread(self._write_atomic, self._role_path(worker_id), request.encode())
+
+    async def role_requests(self, worker_id: str) -> AsyncIterator[RoleRequest | None]:
+        """The worker's request at once, then after every change (polled every ``poll_interval_s``)."""
+        path = self._role_path(worker_id)
+        first, last = True, None
+        while not self._closed.is_set():
+            current = await self._in_thread(self._read_role, path, worker_id)
+            if first or current != last:
+                first, last = False, current
+                yield current
+            try:
+                await asyncio.wait_for(self._closed.wait(), timeout=self.poll_interval_s)
+            except TimeoutError:
+                pass
+
+    def _read_role(self, path: Path, worker_id: str) -> RoleRequest | None:
+        try:
+            info = os.lstat(path)
+            if not stat_mod.S_ISREG(info.st_mode):
+                self._warn_once(path, "not a regular file (symlink, FIFO, device...): skipped", info.st_mtime)
+                return None
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as f:
+                raw = f.read(MAX_REQUEST_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self._warn_once(path, f"unreadable: {exc}")
+            return None
+        try:
+            return decode_request(raw, worker_id)
+        except ValueError as exc:
+            self._warn_once(path, f"invalid role request skipped: {_one_line(exc)}", info.st_mtime)
+            return None
+
+    def _write_atomic(self, path: Path, data: bytes) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=".tmp-", suffix=".json")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        except OSError as exc:
+            raise RegistryError(f"cannot write to registry directory {self.directory}: {exc}") from exc
 
     def _write(self, config: RuntimeConfig) -> None:
         try:

@@ -1,0 +1,59 @@
+"""``litellm-disagg role WORKER prefill|decode|both``: move a running worker to another pool by hand.
+
+It writes the role request through the registry (``Registry.request_role``, the same call the planner makes), prints
+what it asked, then follows discovery until the worker publishes the new role or ``--timeout`` passes. Exit codes:
+0 the worker publishes the role (or already did), 1 timed out (the request stays: a worker that comes back follows
+it), 2 refused (unknown worker, a role its launch cannot serve, discovery unreachable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TextIO
+
+from litellm_disagg.discovery.registry import Registry, RegistryError
+from litellm_disagg.discovery.roles import RoleNotServable, UnknownWorker
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
+
+
+def _find(configs: list[RuntimeConfig], worker_id: str) -> RuntimeConfig | None:
+    return next((c for c in configs if c.worker_id == worker_id), None)
+
+
+async def change_role(
+    registry: Registry, worker_id: str, role: WorkerRole, *, timeout_s: float, out: TextIO, err: TextIO
+) -> int:
+    try:
+        before = _find(await registry.snapshot(), worker_id)
+        await registry.request_role(worker_id, role)
+    except (UnknownWorker, RoleNotServable) as exc:
+        print(f"litellm-disagg role: refused: {exc}", file=err)
+        return 2
+    except RegistryError as exc:
+        print(f"litellm-disagg role: discovery failed: {exc}", file=err)
+        return 2
+    started = time.monotonic()
+    old = before.role.value if before is not None else "?"
+    if before is not None and before.role is role:
+        print(f"{worker_id}: already {role.value} (request recorded)", file=out)
+        return 0
+    print(f"{worker_id}: {old} -> {role.value} requested; waiting for the worker to publish it", file=out, flush=True)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for configs in registry.watch():
+                current = _find(configs, worker_id)
+                if current is not None and current.role is role:
+                    print(f"{worker_id}: now {role.value} ({current.state.value}), published "
+                          f"{time.monotonic() - started:.2f} s after the request", file=out)
+                    return 0
+    except TimeoutError:
+        pass
+    except RegistryError as exc:
+        print(f"litellm-disagg role: discovery failed while waiting: {exc}", file=err)
+        return 1
+    now = _find(await registry.snapshot(), worker_id)
+    state = f"still publishes {now.role.value} ({now.state.value})" if now is not None else "is no longer listed"
+    print(f"litellm-disagg role: {worker_id} {state} after {timeout_s:g} s; the request stays in discovery "
+          "(see the worker's log for a refusal)", file=err)
+    return 1

@@ -1,0 +1,85 @@
+"""Role requests: how a planner or an operator asks a running worker to change pool (``docs/role-change.md``).
+
+A role request is one small document per worker in the registry's store, next to (not inside) the worker's entry:
+the planner or ``litellm-disagg role`` writes it with ``Registry.request_role``, the worker follows it with
+``Registry.role_requests`` and answers by publishing its ``RuntimeConfig`` with the new role. Routers read only the
+published role: a request is a wish the worker may refuse (its launch cannot serve the role, it is draining), the
+published role is what the worker now serves.
+
+Who may write a request is who may write discovery (``docs/security.md``): the same trust boundary as entries. The
+writer checks the request against the live entries (unknown worker, role the launch cannot serve: refused with
+``UnknownWorker`` / ``RoleNotServable``), and the worker checks again, since the store may hold anything.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from litellm_disagg.discovery.registry import RegistryError
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerId, WorkerRole
+
+MAX_REQUEST_BYTES = 4096
+"""A role request is under 200 bytes; anything this large is not one."""
+
+
+class UnknownWorker(RegistryError):
+    """A role request for a worker discovery does not list (never announced, withdrawn, or aged out)."""
+
+
+class RoleNotServable(RegistryError):
+    """A role request the worker's launch cannot serve (it was not started ``--switchable``)."""
+
+
+class RoleRequest(BaseModel):
+    """One worker's requested role, as stored. Strict: a store anyone can write is read as untrusted."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    worker_id: WorkerId
+    role: WorkerRole
+    requested_at: float = Field(default_factory=time.time)
+    """Unix time of the request (the writer's clock): for logs and for measuring the flip, never for ordering."""
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _role_from_str(cls, value: object) -> object:
+        return WorkerRole(value) if isinstance(value, str) else value
+
+    @field_validator("requested_at", mode="before")
+    @classmethod
+    def _number(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+
+    def encode(self) -> bytes:
+        return self.model_dump_json().encode()
+
+
+def decode_request(raw: bytes, worker_id: str) -> RoleRequest:
+    """A stored request -> ``RoleRequest``; raises ``ValueError`` (incl. pydantic's) for anything else, including a
+    request stored under another worker's name."""
+    if len(raw) > MAX_REQUEST_BYTES:
+        raise ValueError(f"more than {MAX_REQUEST_BYTES} bytes")
+    request = RoleRequest.model_validate_json(raw)
+    if request.worker_id != worker_id:
+        raise ValueError(f"stored for {worker_id!r} but names {request.worker_id!r}")
+    return request
+
+
+def check_request(live: Iterable[RuntimeConfig], worker_id: str, role: WorkerRole) -> RuntimeConfig:
+    """The live entry the request is for; raises ``UnknownWorker`` or ``RoleNotServable`` with the reason."""
+    role = WorkerRole(role)
+    for config in live:
+        if config.worker_id == worker_id:
+            if not config.can_serve_role(role):
+                servable = ", ".join(r.value for r in dict.fromkeys((config.role, *config.allowed_roles)))
+                raise RoleNotServable(
+                    f"worker {worker_id!r} cannot serve role {role.value!r}: its launch serves {servable} "
+                    "(start it with --switchable to change roles at runtime)"
+                )
+            return config
+    raise UnknownWorker(f"no live worker {worker_id!r} in discovery")

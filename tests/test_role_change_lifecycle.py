@@ -1,0 +1,124 @@
+"""Role changes in the worker lifecycle (workers/lifecycle.py) over a real file registry: a request written by a
+planner reaches the worker, which republishes its config with the new role and runs its hook; refusals keep the role."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import pytest
+
+from litellm_disagg.discovery.file.registry import FileRegistry
+from litellm_disagg.discovery.roles import RoleNotServable, RoleRequest
+from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState
+from litellm_disagg.workers.lifecycle import DrainPolicy, EngineActivity, RoleChangeRefused, WorkerLifecycle
+
+from .support.registry_watch import eventually
+
+ALL = (WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH)
+
+
+def config(worker_id: str = "w1", *, allowed: tuple[WorkerRole, ...] = ALL) -> RuntimeConfig:
+    return RuntimeConfig(
+        worker_id=worker_id, model="m", role=WorkerRole.PREFILL, allowed_roles=allowed,
+        base_url="http://127.0.0.1:8000/v1", transfer=VllmNixlTransfer(host="127.0.0.1", port=5600),
+        kv_capacity_blocks=100, block_size=16,
+    )
+
+
+async def idle() -> EngineActivity:
+    return EngineActivity(idle=True, finished=0)
+
+
+class Hook:
+    def __init__(self) -> None:
+        self.calls: list[tuple[WorkerRole, WorkerRole]] = []
+
+    async def __call__(self, old: WorkerRole, new: WorkerRole) -> None:
+        self.calls.append((old, new))
+
+
+def registry(path: Path) -> FileRegistry:
+    return FileRegistry(path, ttl_s=5.0, poll_interval_s=0.02)
+
+
+async def published_role(reader: FileRegistry, worker_id: str) -> WorkerRole | None:
+    for entry in await reader.snapshot():
+        if entry.worker_id == worker_id:
+            return entry.role
+    return None
+
+
+async def test_a_request_through_discovery_changes_the_published_role_and_runs_the_hook(tmp_path: Path) -> None:
+    worker_side, planner = registry(tmp_path), registry(tmp_path)
+    hook = Hook()
+    lifecycle = WorkerLifecycle(worker_side, config(), idle, heartbeat_interval_s=0.1, on_role_change=hook)
+    await lifecycle.announce()
+    try:
+        await planner.request_role("w1", WorkerRole.DECODE)
+        await eventually(lambda: hook.calls == [(WorkerRole.PREFILL, WorkerRole.DECODE)], timeout_s=5)
+        assert await published_role(planner, "w1") is WorkerRole.DECODE
+        assert lifecycle.config.role is WorkerRole.DECODE and lifecycle.config.state is WorkerState.READY
+        (change,) = lifecycle.role_changes
+        assert change.requested_at is not None and change.published_at >= change.requested_at - 1.0
+
+        await planner.request_role("w1", WorkerRole.BOTH)
+        await eventually(lambda: len(hook.calls) == 2, timeout_s=5)
+        assert await published_role(planner, "w1") is WorkerRole.BOTH
+        # Heartbeats keep the new role (they rewrite the last published config).
+        await eventually(lambda: lifecycle.heartbeating, timeout_s=1)
+        assert await published_role(planner, "w1") is WorkerRole.BOTH
+    finally:
+        await lifecycle.leave()
+    assert await planner.snapshot() == []
+
+
+async def test_a_role_the_launch_cannot_serve_is_refused_at_both_ends(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker_side, planner = registry(tmp_path), registry(tmp_path)
+    hook = Hook()
+    fixed = config(allowed=())
+    lifecycle = WorkerLifecycle(worker_side, fixed, idle, heartbeat_interval_s=0.1, on_role_change=hook)
+    await lifecycle.announce()
+    caplog.set_level(logging.WARNING, logger="litellm_disagg")
+    try:
+        with pytest.raises(RoleNotServable):
+            await planner.request_role("w1", WorkerRole.DECODE)
+        with pytest.raises(RoleChangeRefused):
+            await lifecycle.change_role(WorkerRole.DECODE)
+        # A request written straight into the store (bypassing request_role's check) is refused by the worker.
+        (tmp_path / "w1.role.json").write_bytes(RoleRequest(worker_id="w1", role=WorkerRole.DECODE).encode())
+        await eventually(lambda: any("role request refused" in r.getMessage() for r in caplog.records), timeout_s=5)
+        assert hook.calls == [] and await published_role(planner, "w1") is WorkerRole.PREFILL
+    finally:
+        await lifecycle.leave()
+
+
+async def test_a_draining_worker_keeps_its_role(tmp_path: Path) -> None:
+    worker_side, planner = registry(tmp_path), registry(tmp_path)
+    hook = Hook()
+    lifecycle = WorkerLifecycle(worker_side, config(), idle, heartbeat_interval_s=0.1, on_role_change=hook)
+    await lifecycle.announce()
+    try:
+        await lifecycle.drain(DrainPolicy(timeout_s=1, settle_s=0, poll_s=0.01))
+        with pytest.raises(RoleChangeRefused, match="draining"):
+            await lifecycle.change_role(WorkerRole.DECODE)
+        await planner.request_role("w1", WorkerRole.DECODE)  # still listed (draining), so the request is stored
+        await asyncio.sleep(0.2)  # ten polls: a worker still following would have acted
+        assert hook.calls == []
+        entry = (await planner.snapshot())[0]
+        assert entry.role is WorkerRole.PREFILL and entry.state is WorkerState.DRAINING
+    finally:
+        await lifecycle.leave()
+
+
+async def test_change_role_to_the_same_role_does_nothing(tmp_path: Path) -> None:
+    lifecycle = WorkerLifecycle(registry(tmp_path), config(), idle, heartbeat_interval_s=0.1)
+    await lifecycle.announce()
+    try:
+        assert await lifecycle.change_role(WorkerRole.PREFILL) is None
+        assert lifecycle.role_changes == []
+    finally:
+        await lifecycle.leave()
