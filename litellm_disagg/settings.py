@@ -5,7 +5,8 @@ LiteLLM ignores sections it does not know). Environment variables override singl
 deployment can change them without editing the file.
 
 This module composes: each discovery backend owns its settings class (``discovery/file/settings.py``,
-``discovery/consul/settings.py``), KV-aware routing owns ``routing/kv/settings.py``; the YAML shape is theirs.
+``discovery/consul/settings.py``), KV-aware routing owns ``routing/kv/settings.py``, the planner
+``planner/settings.py``; the YAML shape is theirs.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.observability.serve import MetricsSettings
 from litellm_disagg.observability.tracing import TracingSettings
+from litellm_disagg.planner.settings import PlannerSettings
 from litellm_disagg.routing.admission import AdmissionSettings
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
 
@@ -66,6 +68,9 @@ class DisaggSettings(BaseModel):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     """Prometheus metrics on a port of their own (``observability/serve.py``); off by default, as LiteLLM's
     ``/metrics`` serves them when its ``prometheus`` callback is on (docs/observability.md)."""
+    planner: PlannerSettings = Field(default_factory=PlannerSettings)
+    """The dynamic planner (``planner/``, docs/planner.md): moves workers between the prefill, decode and aggregated
+    pools against the TTFT/ITL SLOs and publishes the pool sizes it wants; off by default."""
     sync_interval_s: Annotated[float, Field(gt=0)] = 0.5
     """How often the plugin checks that its routing strategy is still installed on the proxy's router."""
 

@@ -36,6 +36,7 @@ from litellm_disagg.discovery.registry import Registry
 
 if TYPE_CHECKING:
     from litellm_disagg.observability.tracing import RequestTracing
+    from litellm_disagg.planner.loop import PlannerLoop
     from litellm_disagg.routing.kv.router import KVRouter
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ class DisaggController:
             self.kv.scraper.on_transfers = self.pool_metrics.also_count_transfers(self.kv.scraper.on_transfers)
         self._tasks: list[asyncio.Task[None]] = []
         self.pool_changed = asyncio.Event()
+        self.planner_loop: PlannerLoop | None = None
 
     async def start(self) -> None:
         if self.kv is not None:
@@ -108,6 +110,13 @@ class DisaggController:
         self.keep_installed()
         self._tasks = [asyncio.create_task(self._watch(), name="litellm-disagg-watch"),
                        asyncio.create_task(self._keep(), name="litellm-disagg-keeper")]
+        if self.settings.planner.enabled:  # the dynamic planner (planner/loop.py); one acts across proxies (its lock)
+            from litellm_disagg.planner.lock import make_lock
+            from litellm_disagg.planner.loop import in_proxy
+
+            self.planner_loop = in_proxy(self, self.settings.planner,
+                                         make_lock(self.settings.registry, self.settings.planner.lock))
+            self.planner_loop.start()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -116,6 +125,9 @@ class DisaggController:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
+        if self.planner_loop is not None:
+            await self.planner_loop.stop()
+            self.planner_loop = None
         if self.kv is not None:
             await self.kv.stop()
         await self.registry.close()
