@@ -323,7 +323,9 @@ class RoleCollector:
 
 async def test_role_request_reaches_the_worker(backend: Harness) -> None:
     worker, planner = backend.registry(), backend.registry()
-    await worker.publish(make_config("w-1", allowed_roles=SWITCHABLE))
+    switchable = make_config("w-1", allowed_roles=SWITCHABLE)
+    await worker.publish(switchable)
+    assert await planner.snapshot() == [switchable]  # allowed_roles survive the store (Consul: Meta)
     requests = RoleCollector(worker, "w-1")
     try:
         assert await requests.until(lambda r: True) is None  # nothing requested yet: yields None at once

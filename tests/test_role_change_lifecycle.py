@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from pathlib import Path
 
 import pytest
 
+from litellm_disagg.cli import main
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.discovery.roles import RoleNotServable, RoleRequest
+from litellm_disagg.engines import get_engine
+from litellm_disagg.engines.base import LaunchSpec
 from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState
 from litellm_disagg.workers.lifecycle import DrainPolicy, EngineActivity, RoleChangeRefused, WorkerLifecycle
+from litellm_disagg.workers.wrapper import LifecycleOptions, WorkerWrapper
 
+from .support.net import free_port
 from .support.registry_watch import eventually
 
 ALL = (WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH)
@@ -122,3 +128,35 @@ async def test_change_role_to_the_same_role_does_nothing(tmp_path: Path) -> None
         assert lifecycle.role_changes == []
     finally:
         await lifecycle.leave()
+
+
+async def test_the_vllm_wrapper_publishes_its_start_role_and_follows_requests(tmp_path: Path) -> None:
+    """``litellm-disagg worker --switchable``: the engine launched ``both`` (kv_both), the worker published in the
+    role it starts in with every role allowed, then moved by a request (a fake engine with vLLM's HTTP surface)."""
+    port = free_port()
+    spec = LaunchSpec(model="m", served_model_name="fake", role=WorkerRole.BOTH, host="127.0.0.1", port=port,
+                      transfer_host="127.0.0.1", transfer_port=free_port(), device="cpu")
+    assert '"kv_role": "kv_both"' in " ".join(get_engine("vllm").adapter.launch(spec).argv)
+    options = LifecycleOptions(worker_id="w1", heartbeat_interval_s=0.2, ready_timeout_s=30, drain_settle_s=0.3,
+                               role=WorkerRole.PREFILL, allowed_roles=ALL)
+    command = [sys.executable, "-m", "tests.support.fake_worker", "--port", str(port), "--name", "fake"]
+    wrapper = WorkerWrapper(spec, options, registry(tmp_path), engine=get_engine("vllm"), command=command)
+    planner = registry(tmp_path)
+    run = asyncio.create_task(wrapper.run())
+    try:
+        await eventually(lambda: wrapper.registration is not None, timeout_s=30)
+        assert await published_role(planner, "w1") is WorkerRole.PREFILL
+        assert (await planner.snapshot())[0].allowed_roles == ALL
+        await planner.request_role("w1", WorkerRole.DECODE)
+        await eventually(lambda: wrapper.registration is not None
+                         and wrapper.registration.config.role is WorkerRole.DECODE, timeout_s=10)
+        assert await published_role(planner, "w1") is WorkerRole.DECODE
+    finally:
+        wrapper.request_stop()
+        assert await asyncio.wait_for(run, 30) == 0
+    assert await planner.snapshot() == [] and not (tmp_path / "w1.role.json").exists()
+
+
+def test_switchable_is_refused_for_engines_that_cannot_switch(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["worker", "--role", "prefill", "--switchable", "--engine", "sglang", "--model", "m"]) == 2
+    assert "--switchable: only vLLM" in capsys.readouterr().err
