@@ -161,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the worker to publish it (30)")
     add_registry_args(rc)
 
+    from litellm_disagg.planner.cli import add_planner_parser
+
+    add_planner_parser(sub)
+
     top = sub.add_parser("top", help="a live view of the cluster: pools, workers' load, the proxy's latencies")
     top.add_argument("--metrics-url", help="the proxy's Prometheus page (e.g. http://127.0.0.1:4000/metrics)")
     top.add_argument("--metrics-key", default=os.environ.get("LITELLM_MASTER_KEY"),
@@ -189,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         return _run_workers(args)
     if args.command == "role":
         return _run_role(args)
+    if args.command == "planner":
+        from litellm_disagg.planner.cli import run_planner
+
+        return run_planner(args)
     if args.command == "top":
         from litellm_disagg.observability.top import run_top
 

@@ -94,6 +94,7 @@ class PlannerLoop:
         *,
         clock: Callable[[], float] = time.monotonic,
         hook: DesiredHook | None = None,
+        dry_run: bool = False,
     ):
         self.settings = settings
         self.registry = registry
@@ -105,6 +106,9 @@ class PlannerLoop:
         self.hook = hook if hook is not None else (
             DesiredHook(settings.hook_command, timeout_s=settings.hook_timeout_s) if settings.hook_command else None)
         self._clock = clock
+        self.dry_run = dry_run
+        """Decide, log and count, but never ask a worker to move (a move counts as pending until the flip timeout,
+        as if the worker were slow to follow)."""
         self._leader = False
         self._warm = False
         self._task: asyncio.Task[None] | None = None
@@ -150,6 +154,10 @@ class PlannerLoop:
         return step
 
     async def _act(self, move: RoleMove, now: float) -> None:
+        if self.dry_run:  # counted as pending all the same, so the next steps plan as if it had been asked
+            logger.info("planner (dry run): would ask %s to become %s", move.worker_id, move.to_role)
+            self.pending.requested(move.worker_id, move.to_role, now)
+            return
         try:
             await self.registry.request_role(move.worker_id, move.to_role)
         except RegistryError as exc:  # UnknownWorker, RoleNotServable, the backend down

@@ -1,0 +1,111 @@
+"""``litellm-disagg planner``: the planner on its own, outside any proxy.
+
+It reads the planner's and the registry's settings from a proxy config (``--config``, the ``litellm_disagg:``
+section, so it plans with the same SLOs the proxies were given) or from flags, the workers from discovery and their
+``/metrics`` pages, the latencies from the proxies' ``/metrics`` pages (``--proxy-metrics``, repeatable: several
+proxies add up), and acts through ``Registry.request_role``. It takes the same lock as a planner inside a proxy, so
+running both is safe (one acts). ``--metrics-port`` serves its metrics (``litellm_disagg_planner_desired_workers``
+for an autoscaler); ``--dry-run`` decides and logs but never asks a worker to move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from litellm_disagg.discovery.cli import add_registry_args, registry_settings_from_args
+
+logger = logging.getLogger("litellm_disagg.planner")
+
+
+def add_planner_parser(sub: Any) -> None:
+    p = sub.add_parser("planner", help="run the dynamic planner on its own (moves workers between pools)")
+    p.add_argument("--config", help="a proxy config (proxy_config.yaml): its litellm_disagg.planner and registry "
+                                    "sections (flags below override)")
+    p.add_argument("--proxy-metrics", action="append", default=[], metavar="URL",
+                   help="a proxy's Prometheus page (repeatable), for TTFT and ITL; e.g. http://127.0.0.1:4000/metrics/")
+    p.add_argument("--metrics-key", default=os.environ.get("LITELLM_MASTER_KEY"),
+                   help="key for the proxies' /metrics (default: $LITELLM_MASTER_KEY)")
+    p.add_argument("--ttft-ms", type=float, help="TTFT SLO (default: the config's, else 2000)")
+    p.add_argument("--itl-ms", type=float, help="inter-token latency SLO (default: the config's, else 100)")
+    p.add_argument("--interval", type=float, help="seconds between steps (default: the config's, else 5)")
+    p.add_argument("--hook", nargs="+", metavar="ARG", help="hook command (argv) run when the desired sizes change")
+    p.add_argument("--metrics-port", type=int, help="serve the planner's Prometheus metrics on this port")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--dry-run", action="store_true", help="decide and log, never request a role change")
+    p.add_argument("--steps", type=int, help="stop after this many acting steps (default: run until stopped)")
+    add_registry_args(p)
+
+
+def _settings(args: argparse.Namespace) -> tuple[Any, Any]:
+    from litellm_disagg.planner.settings import PlannerSettings
+    from litellm_disagg.settings import DisaggSettings
+
+    if args.config:
+        import yaml
+
+        disagg = DisaggSettings.from_proxy_config(yaml.safe_load(Path(args.config).read_text()) or {})
+        planner, registry = disagg.planner, disagg.registry
+        if args.registry != "file" or args.registry_dir:
+            registry = registry_settings_from_args(args)
+    else:
+        planner, registry = PlannerSettings(), registry_settings_from_args(args)
+    overrides = {k: v for k, v in (("ttft_ms", args.ttft_ms), ("itl_ms", args.itl_ms), ("interval_s", args.interval),
+                                   ("hook_command", args.hook)) if v is not None}
+    planner = PlannerSettings.model_validate(planner.model_dump() | overrides)
+    return planner, registry
+
+
+def run_planner(args: argparse.Namespace) -> int:
+    try:
+        planner_settings, registry_settings = _settings(args)
+    except (OSError, ValueError) as exc:
+        logger.error("planner: bad settings: %s", exc)
+        return 2
+    return asyncio.run(_run(args, planner_settings, registry_settings))
+
+
+async def _run(args: argparse.Namespace, settings: Any, registry_settings: Any) -> int:
+    from litellm_disagg.discovery.factory import make_registry
+    from litellm_disagg.planner.collect import ProxyPagesLatency, SignalCollector
+    from litellm_disagg.planner.lock import make_lock
+    from litellm_disagg.planner.loop import PlannerLoop
+
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(args.metrics_port, addr=args.metrics_host)
+    if not args.proxy_metrics:
+        logger.warning("planner: no --proxy-metrics: TTFT and ITL unknown, deciding on the workers' load alone")
+    headers = {"Authorization": f"Bearer {args.metrics_key}"} if args.metrics_key else {}
+    registry = make_registry(registry_settings)
+    collector = SignalCollector(settings, ProxyPagesLatency(args.proxy_metrics, headers=headers))
+    loop = PlannerLoop(settings, registry, collector, make_lock(registry_settings, settings.lock),
+                       dry_run=args.dry_run)
+    stop = asyncio.Event()
+    running = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        running.add_signal_handler(sig, stop.set)
+    logger.info("planner: ttft %.0f ms, itl %.0f ms, every %.1f s, registry %s%s", settings.ttft_ms, settings.itl_ms,
+                settings.interval_s, registry_settings.backend, " (dry run)" if args.dry_run else "")
+    try:
+        while not stop.is_set():
+            try:
+                await loop.tick()
+            except Exception:
+                logger.exception("planner step failed; trying again next interval")
+            if args.steps is not None and loop.steps >= args.steps:
+                break
+            try:
+                await asyncio.wait_for(stop.wait(), settings.interval_s)
+            except TimeoutError:
+                pass
+    finally:
+        await loop.stop()
+        await registry.close()
+    return 0
