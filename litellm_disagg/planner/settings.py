@@ -12,15 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class PlannerLockSettings(BaseModel):
-    """Only one planner acts when several proxies run: a lock through the registry."""
+    """Only one planner acts when several proxies run: a lock through the registry (``planner/lock.py``). A planner
+    without the lock tries to take it at each step (``interval_s``)."""
 
     model_config = ConfigDict(extra="forbid")
 
     ttl_s: Annotated[float, Field(ge=10, le=86400)] = 15.0
     """Consul: the session's TTL (Consul's minimum is 10 s); a holder that stops renewing loses the lock after it
     (Consul may wait up to twice the TTL). File backend: unused (the kernel drops a dead holder's ``fcntl`` lock)."""
-    retry_s: Annotated[float, Field(gt=0)] = 2.0
-    """How often a planner without the lock tries to take it."""
 
 
 class PlannerSettings(BaseModel):
