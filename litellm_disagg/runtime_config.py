@@ -71,6 +71,9 @@ class VllmNixlTransfer(BaseModel):
     host: Host
     """The NIXL side channel's address (vLLM's ``VLLM_NIXL_SIDE_CHANNEL_HOST``)."""
     port: Port
+    engine_id: Annotated[str, Field(min_length=1, max_length=128)] | None = None
+    """vLLM's ``kv_transfer_config.engine_id``: a prefill answer must name it as ``remote_engine_id``. None (workers
+    that do not publish it): the answer's engine id is not checked; its side channel still is."""
 
 
 class SglangBootstrapTransfer(BaseModel):

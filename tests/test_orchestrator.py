@@ -1,5 +1,8 @@
 """The orchestrator walks a RoutePlan: failure policy, with prefill workers behind httpx's MockTransport (no sockets)."""
 
+import asyncio
+import json
+
 import httpx
 import pytest
 
@@ -9,11 +12,13 @@ from litellm_disagg.routing.cooldown import FailureCooldown
 from litellm_disagg.routing.orchestrator import Mode, NoPrefillAvailable, Orchestrator
 from litellm_disagg.routing.request import DisaggRequest
 from litellm_disagg.routing.route_plan import RoutePlan
-from litellm_disagg.transfer.prefill import PrefillClient, PrefillRejected
+from litellm_disagg.engines.vllm.transfer import VllmNixlProtocol
+from litellm_disagg.runtime_config import VllmNixlTransfer
+from litellm_disagg.transfer.prefill import PrefillClient, PrefillRejected, PrefillUnavailable
 
 from .test_routing_units import w
 
-PARAMS = {"do_remote_prefill": True, "remote_engine_id": "E", "remote_block_ids": [[1]], "remote_host": "h", "remote_port": 1}
+PARAMS = {"do_remote_prefill": True, "remote_engine_id": "E", "remote_block_ids": [[1]], "remote_host": "127.0.0.1", "remote_port": 5600}
 
 
 def orchestrator(behaviour: dict[str, object], **kwargs) -> tuple[Orchestrator, list[str]]:
@@ -97,3 +102,75 @@ async def test_a_worker_that_went_cooling_is_tried_last_and_load_is_released():
     outcome = await orch.run(REQ, plan("p1", "p2"))
     assert seen == ["p2"] and outcome.prefill_worker_id == "p2"
     assert orch.accounting.requests("p2") == 0 and len(orch.accounting) == 0
+
+
+async def test_an_answer_naming_another_engines_blocks_is_a_failed_prefill_never_forwarded():
+    # p1 answers with p2's side channel and engine (a hostile or confused worker); p2 answers for itself.
+    published = {name: worker(name, "prefill").model_copy(update={"transfer": VllmNixlTransfer(
+        host="127.0.0.1", port=port, engine_id=f"engine-{name}")}) for name, port in (("p1", 5601), ("p2", 5602))}
+    own = {name: PARAMS | {"remote_engine_id": f"engine-{name}", "remote_port": w.transfer.port} for name, w in published.items()}
+    answers = {"p1": own["p2"], "p2": own["p2"]}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json={"choices": [], "kv_transfer_params": answers[request.url.host]})
+
+    cooldown = FailureCooldown(cooldown_s=60)
+    orch = Orchestrator(prefill_client=PrefillClient(client=httpx.AsyncClient(transport=httpx.MockTransport(handle))),
+                        accounting=Accounting(), cooldown=cooldown)
+    outcome = await orch.run(REQ, RoutePlan(DECODE, (published["p1"], published["p2"]), None, "test"))
+    assert outcome.mode is Mode.DISAGGREGATED and outcome.prefill_worker_id == "p2"
+    assert outcome.decode_fields == {"kv_transfer_params": own["p2"]}
+    assert cooldown.cooling("p1") and not cooldown.cooling("p2")
+    # Alone, the hostile answer is never handed to a decode: aggregated instead.
+    answers["p2"] = own["p1"]
+    outcome = await orch.run(REQ, RoutePlan(DECODE, (published["p2"],), None, "test"))
+    assert outcome.mode is Mode.AGGREGATED and outcome.decode_fields == {}
+
+
+async def test_prefill_timeout_is_a_total_deadline_not_a_per_read_one():
+    # A worker that trickles a valid answer a few bytes at a time: each read is quick, the whole answer is not.
+    payload = json.dumps({"choices": [], "kv_transfer_params": PARAMS}).encode()
+    finished = asyncio.Event()
+
+    async def trickle():
+        for i in range(0, len(payload), 8):
+            await asyncio.sleep(0.05)
+            yield payload[i:i + 8]
+        finished.set()
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=trickle())
+
+    client = PrefillClient(timeout_s=0.3, client=httpx.AsyncClient(transport=httpx.MockTransport(handle)))
+    with pytest.raises(PrefillUnavailable, match="no complete answer within 0.3 s"):
+        await client.prefill(worker=worker("p1", "prefill"), protocol=VllmNixlProtocol(), endpoint=Endpoint.CHAT,
+                             body={}, request_id="r1")
+    assert not finished.is_set()  # cut off mid-answer, not after it
+
+
+async def test_an_oversized_answer_is_a_failed_prefill():
+    big = {"choices": [{"text": "x" * 4096}], "kv_transfer_params": PARAMS}
+    client = PrefillClient(max_answer_bytes=1024, client=httpx.AsyncClient(
+        transport=httpx.MockTransport(lambda request: httpx.Response(200, json=big))))
+    with pytest.raises(PrefillUnavailable, match="over 1024 bytes"):
+        await client.prefill(worker=worker("p1", "prefill"), protocol=VllmNixlProtocol(), endpoint=Endpoint.CHAT,
+                             body={}, request_id="r1")
+
+
+async def test_the_worker_key_is_sent_and_a_refused_key_is_the_workers_fault_not_the_clients():
+    seen: list[str | None] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        if request.headers.get("authorization") != "Bearer sk-worker":
+            return httpx.Response(401, json={"error": "Unauthorized"})
+        return httpx.Response(200, json={"choices": [], "kv_transfer_params": PARAMS})
+
+    transport = httpx.MockTransport(handle)
+    keyed = PrefillClient(api_key="sk-worker", client=httpx.AsyncClient(transport=transport))
+    args = dict(worker=worker("p1", "prefill"), protocol=VllmNixlProtocol(), endpoint=Endpoint.CHAT, body={}, request_id="r1")
+    assert (await keyed.prefill(**args)).remote_engine_id == "E"
+    assert "sk-worker" not in repr(keyed)
+    with pytest.raises(PrefillUnavailable, match="refuses this proxy's key"):
+        await PrefillClient(client=httpx.AsyncClient(transport=transport)).prefill(**args)
+    assert seen == ["Bearer sk-worker", None]

@@ -23,7 +23,7 @@ MODEL = "fake-model"
 
 def runtime_config(worker: FakeWorker, role: str) -> RuntimeConfig:
     return RuntimeConfig(worker_id=worker.name, model=MODEL, role=role, base_url=f"{worker.url}/v1",
-                         transfer=VllmNixlTransfer(host="127.0.0.1", port=free_port()), kv_capacity_blocks=1000,
+                         transfer=worker.transfer, kv_capacity_blocks=1000,
                          block_size=16, state=WorkerState.READY)
 
 

@@ -17,7 +17,8 @@ Transfer protocol, called by the router for each disaggregated request (all side
                                     attempt; may draw random numbers, nothing else
     prefill_body()                  the prefill request's JSON body, from the client's prompt fields (and the opened
                                     handle, if any); once per attempt
-    parse_prefill()                 the prefill's JSON response -> a typed ``TransferHandle``; raises
+    parse_prefill()                 the prefill's JSON response -> a typed ``TransferHandle``, checked against the
+                                    answering worker's discovery entry and bounded (an answer is a claim); raises
                                     ``InvalidTransfer`` when the response is unusable; once per successful prefill call
     decode_fields()                 a handle -> the keys merged into LiteLLM's request kwargs for the decode call;
                                     once per handle (concurrent: the opened one, before the prefill answered)
@@ -109,9 +110,16 @@ class TransferProtocol(Protocol):
         ...
 
     def parse_prefill(
-        self, payload: Any, *, prefill: RuntimeConfig, handle: TransferHandle | None = None
+        self,
+        payload: Any,
+        *,
+        prefill: RuntimeConfig,
+        handle: TransferHandle | None = None,
+        prompt_tokens: int | None = None,
     ) -> TransferHandle:
-        """The prefill's decoded JSON response as a handle. Raises ``InvalidTransfer`` when it is unusable."""
+        """The prefill's decoded JSON response as a handle, checked against what discovery says about ``prefill``
+        (the worker that answered) and bounded (``prompt_tokens``: the prompt's length when the router counted it).
+        Raises ``InvalidTransfer`` when it is unusable or claims what the worker cannot hand out."""
         ...
 
     def decode_fields(self, handle: TransferHandle) -> dict[str, Any]:

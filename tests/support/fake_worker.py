@@ -1,7 +1,8 @@
 """A recording fake of a vLLM worker's OpenAI surface, for tests of the plugin's plumbing (not of vLLM).
 
 It answers chat and text completions (streaming or not) with a fixed text, answers prefill requests
-(``kv_transfer_params.do_remote_decode``) with made-up transfer params naming itself, records every request body and
+(``kv_transfer_params.do_remote_decode``) with made-up transfer params naming itself (engine ``engine-NAME``, side
+channel 127.0.0.1:``nixl_port``: what ``FakeWorker.transfer`` publishes), records every request body and
 header it receives (``GET /_requests``), and can be told to fail prefills with a status (``POST /_behaviour``).
 Run in-process (``FakeWorker``) or as a process: ``python -m tests.support.fake_worker --port N``.
 """
@@ -22,10 +23,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from litellm_disagg.runtime_config import VllmNixlTransfer
+
 ANSWER = "fake answer"
 
 
-def make_app(name: str) -> Starlette:
+def make_app(name: str, nixl_port: int = 1) -> Starlette:
     state: dict[str, Any] = {"requests": [], "prefill_status": 200}
 
     async def record(request: Request) -> dict[str, Any]:
@@ -42,7 +45,7 @@ def make_app(name: str) -> Starlette:
                 return JSONResponse({"error": {"message": f"{name} told to fail", "code": state["prefill_status"]}}, status_code=state["prefill_status"])
             transfer = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": f"engine-{name}",
                         "remote_request_id": request.headers.get("x-request-id", ""), "remote_block_ids": [[1, 2]],
-                        "remote_host": "127.0.0.1", "remote_port": 1, "tp_size": 1}
+                        "remote_host": "127.0.0.1", "remote_port": nixl_port, "tp_size": 1}
             return JSONResponse(_response(body, chat, "x") | {"kv_transfer_params": transfer})
         if body.get("stream"):
             return StreamingResponse(_stream(body, chat), media_type="text/event-stream")
@@ -103,11 +106,13 @@ async def _stream(body: dict[str, Any], chat: bool):  # type: ignore[no-untyped-
 class FakeWorker:
     """An in-process fake worker on 127.0.0.1:port, started and stopped in the running event loop."""
 
-    def __init__(self, name: str, port: int):
+    def __init__(self, name: str, port: int, nixl_port: int = 1):
         self.name = name
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
-        self._server = uvicorn.Server(uvicorn.Config(make_app(name), host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+        self.transfer = VllmNixlTransfer(host="127.0.0.1", port=nixl_port, engine_id=f"engine-{name}")
+        """What this worker's discovery entry publishes; its prefill answers name exactly this."""
+        self._server = uvicorn.Server(uvicorn.Config(make_app(name, nixl_port), host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:

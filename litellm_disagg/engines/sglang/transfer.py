@@ -114,9 +114,15 @@ class SglangBootstrapProtocol:
         return build_prefill_body(endpoint, served_model, fields, _ticket(handle))
 
     def parse_prefill(
-        self, payload: Any, *, prefill: RuntimeConfig, handle: TransferHandle | None = None
+        self,
+        payload: Any,
+        *,
+        prefill: RuntimeConfig,
+        handle: TransferHandle | None = None,
+        prompt_tokens: int | None = None,
     ) -> BootstrapTicket:
-        # A 200 answer means the prefill computed the prompt and pushed its KV: the handle is the ticket itself.
+        # A 200 answer means the prefill computed the prompt and pushed its KV: the handle is the ticket itself. The
+        # answer carries nothing the decode uses (the ticket was drawn by the router), so there is nothing to check.
         if not isinstance(payload, dict) or not isinstance(payload.get("choices"), list):
             raise InvalidTransfer("the prefill's answer is not a completion")
         return _ticket(handle)

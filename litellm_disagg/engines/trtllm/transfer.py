@@ -22,16 +22,24 @@ the answer then (an answer of one token is generated again, not copied).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from typing import Any, ClassVar, Final
+from typing import Annotated, Any, ClassVar, Final
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from litellm_disagg.engines.base import Endpoint, InvalidTransfer, TransferHandle
 from litellm_disagg.engines.openai_fields import prefill_fields
 from litellm_disagg.runtime_config import RuntimeConfig
 
 PARAMS_KEY: Final = "disaggregated_params"
+MAX_OPAQUE_STATE_CHARS: Final = 256 * 1024
+"""The cache transceiver's state (base64) is a few KiB in practice; an answer is a claim, so it is bounded."""
+MAX_FIRST_TOKENS: Final = 64
+MAX_DRAFT_TOKENS: Final = 4096
+MAX_PARAMS_BYTES: Final = 512 * 1024
+"""The whole ``disaggregated_params`` object, JSON-encoded (newer releases add keys this module does not type)."""
+MAX_PARAMS_KEYS: Final = 32
 CONTEXT_ONLY: Final = "context_only"
 GENERATION_ONLY: Final = "generation_only"
 
@@ -42,12 +50,12 @@ class DisaggregatedParams(BaseModel, TransferHandle):
     model_config = ConfigDict(extra="allow", frozen=True)
     protocol: ClassVar[str] = "trtllm-disagg"
 
-    request_type: str
-    first_gen_tokens: list[int] | None = None
-    ctx_request_id: int | None = None
-    encoded_opaque_state: str | None = None
-    draft_tokens: list[int] | None = None
-    disagg_request_id: int | None = None
+    request_type: Annotated[str, Field(max_length=32)]
+    first_gen_tokens: Annotated[list[StrictInt], Field(max_length=MAX_FIRST_TOKENS)] | None = None
+    ctx_request_id: StrictInt | None = None
+    encoded_opaque_state: Annotated[str, Field(max_length=MAX_OPAQUE_STATE_CHARS)] | None = None
+    draft_tokens: Annotated[list[StrictInt], Field(max_length=MAX_DRAFT_TOKENS)] | None = None
+    disagg_request_id: StrictInt | None = None
 
     def for_generation(self) -> dict[str, Any]:
         """The generation request's ``disaggregated_params``: as received, ``request_type`` set to generation_only."""
@@ -77,6 +85,8 @@ def parse_context_response(payload: Any) -> DisaggregatedParams:
     raw = choices[0].get(PARAMS_KEY)
     if raw is None:
         raise InvalidTransfer(f"the context response has no {PARAMS_KEY}")
+    if isinstance(raw, dict) and (len(raw) > MAX_PARAMS_KEYS or len(json.dumps(raw)) > MAX_PARAMS_BYTES):
+        raise InvalidTransfer(f"{PARAMS_KEY} over {MAX_PARAMS_KEYS} keys or {MAX_PARAMS_BYTES} bytes")
     try:
         params = DisaggregatedParams.model_validate(raw)
     except ValidationError as exc:
@@ -110,7 +120,12 @@ class TrtllmDisaggProtocol:
         return build_context_body(endpoint, served_model, fields)
 
     def parse_prefill(
-        self, payload: Any, *, prefill: RuntimeConfig, handle: TransferHandle | None = None
+        self,
+        payload: Any,
+        *,
+        prefill: RuntimeConfig,
+        handle: TransferHandle | None = None,
+        prompt_tokens: int | None = None,
     ) -> DisaggregatedParams:
         return parse_context_response(payload)
 
