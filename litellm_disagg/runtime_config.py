@@ -76,6 +76,21 @@ class VllmNixlTransfer(BaseModel):
     that do not publish it): the answer's engine id is not checked; its side channel still is."""
 
 
+class VllmNixlPushTransfer(BaseModel):
+    """vLLM's NixlPushConnector: the prefill worker WRITEs the prompt's KV into blocks the decode worker holds. The
+    decode request names the prefill's NIXL engine before the prefill has run (concurrent orchestration), so the
+    worker publishes its engine id here (``kv_transfer_config.engine_id``, fresh per engine start)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    kind: Literal["vllm-nixl-push"] = "vllm-nixl-push"
+    host: Host
+    """The NIXL side channel's address (vLLM's ``VLLM_NIXL_SIDE_CHANNEL_HOST``)."""
+    port: Port
+    engine_id: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+    """The engine's NIXL engine id, as the decode request's ``remote_engine_id``."""
+
+
 class SglangBootstrapTransfer(BaseModel):
     """SGLang's PD disaggregation: a prefill worker's bootstrap server, where decode workers register a request's
     ``bootstrap_room`` before the prefill pushes its KV (``--disaggregation-bootstrap-port``)."""
@@ -103,12 +118,13 @@ class TrtllmDisaggTransfer(BaseModel):
 
 
 TransferSection = Annotated[
-    VllmNixlTransfer | SglangBootstrapTransfer | TrtllmDisaggTransfer, Field(discriminator="kind")
+    VllmNixlTransfer | VllmNixlPushTransfer | SglangBootstrapTransfer | TrtllmDisaggTransfer,
+    Field(discriminator="kind"),
 ]
 """How a worker's KV cache moves, one member per transfer protocol."""
 
 _ENGINE_TRANSFERS: Final = frozenset(
-    {("vllm", "vllm-nixl"), ("sglang", "sglang-bootstrap"), ("trtllm", "trtllm-disagg")}
+    {("vllm", "vllm-nixl"), ("vllm", "vllm-nixl-push"), ("sglang", "sglang-bootstrap"), ("trtllm", "trtllm-disagg")}
 )
 """The (engine, transfer kind) pairs that exist."""
 
