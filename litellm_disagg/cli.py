@@ -42,6 +42,8 @@ def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--kv-events-port", type=int, help="publish vLLM KV events on this port (ZMQ)")
     p.add_argument("--kv-load-failure-policy", choices=["recompute", "fail"], default="recompute")
+    p.add_argument("--kv-transfer", choices=["pull", "push"], default="pull",
+                   help="vLLM: NixlConnector (pull, default) or NixlPushConnector (push); routers pair like with like")
     p.add_argument("--switchable", action="store_true",
                    help="launch the engine to serve every role (vLLM: kv_role kv_both) and start in --role; the worker "
                         "then changes pool without a restart when asked (litellm-disagg role, the planner). vLLM pull "
@@ -60,9 +62,12 @@ def _run_worker(args: argparse.Namespace) -> int:
 
     engine = get_engine(args.engine)
     role = WorkerRole(args.role)
-    if args.switchable and args.engine != "vllm":
+    if args.kv_transfer == "push" and args.engine != "vllm":
+        print(f"--kv-transfer push: only vLLM has a push connector (not {args.engine})", file=sys.stderr)
+        return 2
+    if args.switchable and (args.engine != "vllm" or args.kv_transfer != "pull"):
         print("--switchable: only vLLM with pull transfer (NixlConnector) serves every role from one launch "
-              f"(not {args.engine}; docs/role-change.md)", file=sys.stderr)
+              f"(not {args.engine} with {args.kv_transfer} transfer; docs/role-change.md)", file=sys.stderr)
         return 2
     device = engine.adapter.detect_device() if args.device == "auto" else args.device
     port = args.port or free_port(args.host)
@@ -83,6 +88,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         tensor_parallel_size=args.tensor_parallel_size,
         kv_events_port=args.kv_events_port,
         kv_load_failure_policy=args.kv_load_failure_policy,
+        kv_transfer=args.kv_transfer,
         extra_args=tuple(extra),
     )
     lifecycle = LifecycleOptions(

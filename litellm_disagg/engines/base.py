@@ -215,6 +215,9 @@ class LaunchSpec:
     """Publish KV cache events on this port (None: no events)."""
     kv_load_failure_policy: Literal["recompute", "fail"] = "recompute"
     """What a decode does when loading transferred KV fails: compute the prompt itself, or fail the request."""
+    kv_transfer: Literal["pull", "push"] = "pull"
+    """Which way the KV moves, for engines that offer both (vLLM: NixlConnector pull, NixlPushConnector push); the
+    worker publishes the matching transfer section and routers pair only workers of the same one."""
     extra_args: tuple[str, ...] = ()
     """Appended to the engine's command line as given."""
 
@@ -317,4 +320,14 @@ class Engine:
 
     name: EngineName
     transfer: TransferProtocol
+    """The engine's default transfer protocol."""
     adapter: EngineAdapter
+    other_transfers: tuple[TransferProtocol, ...] = ()
+    """Further protocols the engine speaks (vLLM: the push connector's); a worker's ``transfer.kind`` picks one."""
+
+    def transfer_for(self, kind: str) -> TransferProtocol:
+        """The protocol called ``kind`` (``RuntimeConfig.transfer.kind``). Raises ``LookupError``."""
+        for protocol in (self.transfer, *self.other_transfers):
+            if protocol.name == kind:
+                return protocol
+        raise LookupError(f"engine {self.name} has no transfer protocol {kind!r}")

@@ -12,7 +12,7 @@ Failure policy:
   or the decode worker cannot compute a prompt (SGLang's decode mode: ``route_plan.serves_alone``), then
   ``NoPrefillAvailable`` (the client's 503; LiteLLM retries).
 
-Concurrent protocols (SGLang's bootstrap rooms: ``TransferProtocol.concurrent``). The decode's fields are known
+Concurrent protocols (SGLang's bootstrap rooms, vLLM's push connector: ``TransferProtocol.concurrent``). The decode's fields are known
 before the prefill answers (``open_transfer``: the prefill worker's bootstrap address and a fresh room), so the
 prefill runs as a background task, counted in ``Accounting`` as a prefill flight, while ``run`` returns at once and
 LiteLLM's decode call proceeds; both workers then meet in the room. What a failure does:
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from litellm_disagg.engines import engine_for
+from litellm_disagg.engines import transfer_for
 from litellm_disagg.engines.base import TransferHandle, TransferProtocol
 from litellm_disagg.observability import metrics
 from litellm_disagg.observability.requests import failover_cause
@@ -116,7 +116,7 @@ class Orchestrator:
                 break
             prefill = healthy[0]
             remaining.remove(prefill)
-            protocol = engine_for(prefill).transfer
+            protocol = transfer_for(prefill)
             if protocol.concurrent:
                 return self._start_concurrent(request, plan, prefill, protocol)
             try:
@@ -135,7 +135,7 @@ class Orchestrator:
         return Outcome(Mode.AGGREGATED, decode, reason=reason)
 
     async def _prefill(self, request: DisaggRequest, plan: RoutePlan, prefill: RuntimeConfig) -> Outcome:
-        protocol = engine_for(prefill).transfer
+        protocol = transfer_for(prefill)
         body = protocol.prefill_body(
             request.endpoint, prefill.model, request.fields, prefill=prefill, decode=plan.decode
         )

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from litellm_disagg.engines import engine_for
+from litellm_disagg.engines import transfer_for
 from litellm_disagg.routing.cooldown import FailureCooldown
 from litellm_disagg.routing.kv.disagg_decision import NO_PREFILL_WORKER, DisaggDecision
 from litellm_disagg.routing.pipeline import filters
@@ -35,7 +35,7 @@ DECODE_CANNOT_PREFILL = "the decode worker cannot prefill (its engine's decode m
 
 def serves_alone(decode: RuntimeConfig) -> bool:
     """Whether ``decode`` can compute a prompt itself: any worker that can prefill, or whose engine allows it."""
-    return decode.role.can_prefill or engine_for(decode).transfer.decode_serves_alone
+    return decode.role.can_prefill or transfer_for(decode).decode_serves_alone
 
 
 class NoDecodeWorker(Exception):
@@ -113,10 +113,10 @@ class RoutePlanner:
         decode_selection = self.decode.select(ctx, decode_candidates)
         decode = decode_selection.worker or decode_candidates[0]
         # A worker never prefills for itself: that is just aggregated serving. KV moves only between workers of one
-        # engine (each engine has its own transfer protocol).
-        prefill_candidates = [
-            p for p in filters.excluded((decode.worker_id,))(prefill_all) if p.engine == decode.engine
-        ]
+        # engine speaking one transfer protocol (vLLM's pull and push connectors do not talk to each other).
+        prefill_candidates = filters.apply(
+            (filters.excluded((decode.worker_id,)), filters.same_transfer(decode)), prefill_all
+        )
         prefill_selection = self.prefill.select(ctx, prefill_candidates)
         common = dict(
             prompt=prompt,

@@ -52,7 +52,17 @@ def transfer_request(engine_name: EngineName, role: WorkerRole, body: _Request) 
     if engine_name == "trtllm":
         return _trtllm(body.disaggregated_params)
     params = body.kv_transfer_params
+    if params and params.get("transfer_mode") == "push" and params.get("do_remote_prefill") is True:
+        return _vllm_push(params)
     return TransferRequest(do_remote_decode=wants_remote_decode(params), remote=remote_prefill(params))
+
+
+def _vllm_push(params: dict[str, Any]) -> TransferRequest:
+    """vLLM's NixlPushConnector, decode side: the prefill engine's coordinates, no blocks (they come pushed)."""
+    engine_id = params.get("remote_engine_id")
+    if not isinstance(engine_id, str) or not engine_id:
+        raise ApiError(400, "a push-mode remote prefill needs remote_engine_id", param="kv_transfer_params")
+    return TransferRequest(remote=RemotePrefill(engine_id=engine_id, request_id="", vllm_push=True))
 
 
 def _sglang(role: WorkerRole, body: _Request) -> TransferRequest:

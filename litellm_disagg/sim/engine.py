@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -343,6 +344,8 @@ class SimEngine(BootstrapPush):
         ok = False
         source = None
         try:
+            if remote.vllm_push:
+                remote = req.remote = await self._await_vllm_push(req, remote)
             source = self.directory.get(remote.engine_id)
             lease = source.kv_lease(remote.request_id) if source is not None else None
             if source is not None and lease is not None and self._lease_matches(lease, req, remote):
@@ -378,8 +381,39 @@ class SimEngine(BootstrapPush):
             self.scheduler.remote_kv_failed(req.request_id)
         self._wake.set()
 
+    async def _await_vllm_push(self, req: SimRequest, remote: RemotePrefill) -> RemotePrefill:
+        """vLLM's push connector, decode side: wait until the named prefill engine holds the blocks of the prefill
+        with this request's client id (vLLM matches the halves by request id), then take them as a pull would.
+        vLLM's decode waits without a limit; here ``bootstrap_timeout_s`` bounds it (then: recompute)."""
+        base = _client_id(req.request_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timing.wall(self.settings.engine.bootstrap_timeout_s)
+        while loop.time() < deadline:
+            source = self.directory.get(remote.engine_id)
+            if source is None:
+                break  # the handshake with a gone engine fails at once
+            found = source.kv_lease_for_client_id(base)
+            if found is not None:
+                return dataclasses.replace(remote, request_id=found, vllm_push=False)
+            await asyncio.sleep(0.001)
+        return dataclasses.replace(remote, request_id=f"{base}-unfulfilled", vllm_push=False)
+
+    def kv_lease_for_client_id(self, client_id: str) -> str | None:
+        """The internal id of a held lease whose request carries ``client_id`` (push matching)."""
+        if not self.alive:
+            return None
+        for request_id in self.scheduler.leases:
+            if _client_id(request_id) == client_id:
+                return request_id
+        return None
+
     @staticmethod
     def _lease_matches(lease: Lease, req: SimRequest, remote: RemotePrefill) -> bool:
         if lease.token_ids != tuple(req.prompt_token_ids):
             return False
         return remote.block_ids is None or tuple(remote.block_ids) == tuple(lease.block_ids)
+
+
+def _client_id(request_id: str) -> str:
+    """The client-visible id of an internal request id (``new_request_id`` appends ``-<n>``)."""
+    return request_id.rsplit("-", 1)[0]

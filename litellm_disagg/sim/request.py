@@ -39,6 +39,9 @@ class RemotePrefill:
     """SGLang: the prefill engine pushes the KV into this bootstrap room (``engine_id`` is its bootstrap server)."""
     fail_on_error: bool = False
     """When the KV does not arrive: fail the request (SGLang, TensorRT-LLM), not recompute the prompt (vLLM)."""
+    vllm_push: bool = False
+    """vLLM's push connector: ``request_id`` is unknown up front; the KV comes from the prefill engine's request of
+    the same client request id, once that prefill holds its blocks."""
 
 
 @dataclass

@@ -13,7 +13,7 @@ rising to about 2,000 tokens/s aggregate at batch 64, KV moved over a 200 Gb/s R
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -96,6 +96,10 @@ class SimSettings(BaseSettings):
     engine_name: EngineName = "vllm"
     """Which engine the worker stands in for: its transfer protocol, the transfer section it publishes and the
     metric names of its ``/metrics`` (vLLM's are always there too)."""
+    kv_transfer: Literal["pull", "push"] = "pull"
+    """vLLM only: which connector the worker stands in for. ``push`` (NixlPushConnector): the worker publishes a
+    ``VllmNixlPushTransfer`` with its engine id, and a decode request that names that engine waits until the
+    prefill of the same request id holds its blocks, then receives them (``engine._pull``)."""
     timing: TimingSettings = Field(default_factory=TimingSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     kv_events: bool = False

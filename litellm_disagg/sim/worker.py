@@ -33,6 +33,7 @@ from litellm_disagg.runtime_config import (
     SglangBootstrapTransfer,
     TransferSection,
     TrtllmDisaggTransfer,
+    VllmNixlPushTransfer,
     VllmNixlTransfer,
     WorkerRole,
     WorkerState,
@@ -147,6 +148,9 @@ class SimWorker:
             return SglangBootstrapTransfer(host=self.host, port=port)
         if name == "trtllm":
             return TrtllmDisaggTransfer()
+        if self.settings.kv_transfer == "push":
+            assert self.engine is not None
+            return VllmNixlPushTransfer(host=self.host, port=port, engine_id=self.engine.engine_id)
         return VllmNixlTransfer(host=self.host, port=port)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""SGLang and TensorRT-LLM workers (simulated) behind the real LiteLLM proxy (``python -m litellm.proxy.proxy_cli``)
+"""SGLang, TensorRT-LLM and vLLM push-connector workers (simulated) behind the real LiteLLM proxy (``python -m litellm.proxy.proxy_cli``)
 with KV routing on: answers equal the aggregated ones, the KV arrives by transfer, and a crashed prefill worker
 (failover) or a draining one costs no request."""
 
@@ -68,11 +68,12 @@ async def streamed(c: httpx.AsyncClient, i: int) -> str:
     return "".join(parts)
 
 
-@pytest.mark.parametrize("engine_name", ["sglang", "trtllm"])
+@pytest.mark.parametrize("engine_name", ["sglang", "trtllm", "vllm-push"])
 async def test_engine_behind_the_litellm_proxy(engine_name, tmp_path):
     registry_dir = tmp_path / "registry"
-    events = engine_name == "sglang"  # trtllm-serve publishes no KV event stream
-    settings = fast_settings(kv_events=events).model_copy(update={"engine_name": engine_name})
+    events = engine_name != "trtllm"  # trtllm-serve publishes no KV event stream
+    engine, _, transfer = engine_name.partition("-")  # vllm-push: vLLM's NixlPushConnector, concurrent
+    settings = fast_settings(kv_events=events).model_copy(update={"engine_name": engine, "kv_transfer": transfer or "pull"})
     config_path = tmp_path / "proxy.yaml"
     config_path.write_text(yaml.safe_dump(proxy_config(registry_dir, events=events)))
     async with SimCluster(registry=FileRegistry(registry_dir), settings=settings, heartbeat_interval_s=0.2,

@@ -1,6 +1,7 @@
 """vLLM with its NixlConnector: the ``VLLM`` engine.
 
-Reading order: ``transfer`` (the prefill/decode protocol and its typed handle), ``launch`` (the command line and
+Reading order: ``transfer`` (the prefill/decode protocol and its typed handle; ``push`` the push connector's,
+concurrent), ``launch`` (the command line and
 environment of a worker's engine), ``metrics`` (names on its ``/metrics``), ``kv_events`` (its KV event wire format).
 ``sitecustomize/`` goes on the engine's ``PYTHONPATH`` on CPU hosts (turns NIXL's busy-spinning progress thread off).
 """
@@ -14,6 +15,7 @@ from litellm_disagg.engines.base import Device, Engine, EngineLaunch, EventBatch
 from litellm_disagg.engines.vllm.kv_events import decode_message
 from litellm_disagg.engines.vllm.launch import detect_device, vllm_launch
 from litellm_disagg.engines.vllm.metrics import VLLM_METRICS
+from litellm_disagg.engines.vllm.push import PushTicket, VllmNixlPushProtocol
 from litellm_disagg.engines.vllm.transfer import KVTransferParams, VllmNixlProtocol
 
 
@@ -35,6 +37,8 @@ class VllmAdapter:
         return decode_message(frames)
 
 
-VLLM: Final = Engine(name="vllm", transfer=VllmNixlProtocol(), adapter=VllmAdapter())
+VLLM: Final = Engine(
+    name="vllm", transfer=VllmNixlProtocol(), adapter=VllmAdapter(), other_transfers=(VllmNixlPushProtocol(),)
+)
 
-__all__ = ["VLLM", "KVTransferParams", "VllmAdapter", "VllmNixlProtocol"]
+__all__ = ["VLLM", "KVTransferParams", "PushTicket", "VllmAdapter", "VllmNixlProtocol", "VllmNixlPushProtocol"]

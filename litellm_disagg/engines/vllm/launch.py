@@ -7,6 +7,10 @@
   on CPU, no CPU thread binding, ``VLLM_CPU_KVCACHE_SPACE`` dropped when the cache size is given, and
   ``sitecustomize/`` on ``PYTHONPATH`` to turn NIXL's busy-spinning progress thread off.
 - ``vllm_launch``: both, plus what the worker publishes (its ``VllmNixlTransfer`` section, its KV events endpoint).
+
+``LaunchSpec.kv_transfer == "push"`` selects ``NixlPushConnector`` (the prefill WRITEs into the decode's blocks) with
+a fresh NIXL engine id per start (``kv_transfer_config.engine_id``), published in a ``VllmNixlPushTransfer`` section
+so a router can name this prefill engine in a decode request before the prefill has run.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import ipaddress
 import json
 import os
 import sys
+import uuid
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
@@ -22,7 +27,7 @@ from types import MappingProxyType
 from typing import Final
 
 from litellm_disagg.engines.base import Device, EngineLaunch, LaunchSpec
-from litellm_disagg.runtime_config import VllmNixlTransfer, WorkerRole
+from litellm_disagg.runtime_config import TransferSection, VllmNixlPushTransfer, VllmNixlTransfer, WorkerRole
 
 KV_ROLES: Final[Mapping[WorkerRole, str]] = MappingProxyType({
     WorkerRole.PREFILL: "kv_producer",
@@ -34,6 +39,7 @@ SITECUSTOMIZE_DIR: Final = Path(__file__).parent / "sitecustomize"
 NIXL_PROGRESS_DELAY_US: Final = 1000
 """Delay between NIXL progress-thread rounds on CPU hosts (``sitecustomize/`` applies it)."""
 KV_EVENTS_TOPIC: Final = "kv"
+CONNECTORS: Final[Mapping[str, str]] = MappingProxyType({"pull": "NixlConnector", "push": "NixlPushConnector"})
 
 
 def detect_device() -> Device:
@@ -50,13 +56,21 @@ def kv_events_endpoint(spec: LaunchSpec) -> str | None:
     return None if spec.kv_events_port is None else f"tcp://{spec.transfer_host}:{spec.kv_events_port}"
 
 
-def vllm_argv(spec: LaunchSpec, python: str | None = None) -> list[str]:
-    kv_transfer_config = {
-        "kv_connector": "NixlConnector",
+def new_engine_id(spec: LaunchSpec) -> str:
+    """A NIXL engine id for one start of the engine (a restarted engine must not reuse its predecessor's)."""
+    return f"{spec.role.value}-{spec.transfer_port}-{uuid.uuid4().hex[:12]}"
+
+
+def vllm_argv(spec: LaunchSpec, python: str | None = None, *, engine_id: str | None = None) -> list[str]:
+    """``engine_id``: the NIXL engine id to run under (push publishes it); None: vLLM draws one."""
+    kv_transfer_config: dict[str, object] = {
+        "kv_connector": CONNECTORS[spec.kv_transfer],
         "kv_role": KV_ROLES[spec.role],
         "kv_buffer_device": "cpu" if spec.device == "cpu" else "cuda",
         "kv_load_failure_policy": spec.kv_load_failure_policy,
     }
+    if engine_id is not None:
+        kv_transfer_config["engine_id"] = engine_id
     argv = [
         python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", spec.model,
@@ -107,10 +121,18 @@ def vllm_env(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[st
 def vllm_launch(
     spec: LaunchSpec, *, python: str | None = None, base_env: Mapping[str, str] | None = None
 ) -> EngineLaunch:
+    transfer: TransferSection
+    if spec.kv_transfer == "push":
+        engine_id = new_engine_id(spec)
+        transfer = VllmNixlPushTransfer(host=spec.transfer_host, port=spec.transfer_port, engine_id=engine_id)
+        argv = vllm_argv(spec, python, engine_id=engine_id)
+    else:
+        transfer = VllmNixlTransfer(host=spec.transfer_host, port=spec.transfer_port)
+        argv = vllm_argv(spec, python)
     return EngineLaunch(
-        argv=tuple(vllm_argv(spec, python)),
+        argv=tuple(argv),
         env=MappingProxyType(vllm_env(spec, base_env)),
-        transfer=VllmNixlTransfer(host=spec.transfer_host, port=spec.transfer_port),
+        transfer=transfer,
         kv_events_endpoint=kv_events_endpoint(spec),
     )
 

@@ -3,6 +3,7 @@
     routable   ready workers only (not starting, not draining)
     role       workers that can serve the pool's role (prefill or decode; ``both`` serves either)
     excluded   not these worker ids (a worker never prefills for itself; workers already tried)
+    same_transfer  prefill workers whose engine and transfer protocol are the decode worker's (vLLM pull or push)
     cooldown   prefer workers that have not just failed a call; never refuse the last ones
 """
 
@@ -35,6 +36,12 @@ def role(pool_role: WorkerRole) -> Filter:
 def excluded(worker_ids: Collection[str]) -> Filter:
     skip = frozenset(worker_ids)
     return lambda candidates: [w for w in candidates if w.worker_id not in skip]
+
+
+def same_transfer(decode: RuntimeConfig) -> Filter:
+    """Workers that can move KV to ``decode``: the same engine and the same transfer kind."""
+    engine, kind = decode.engine, decode.transfer.kind
+    return lambda candidates: [w for w in candidates if w.engine == engine and w.transfer.kind == kind]
 
 
 def cooldown(cooling: FailureCooldown) -> Filter:

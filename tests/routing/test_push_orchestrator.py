@@ -1,0 +1,95 @@
+"""Concurrent orchestration with vLLM's push connector: the decode names the prefill engine before the prefill
+answers, the prefill runs in the background, and a failed prefill ends its decode through vLLM's abort endpoint."""
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from litellm_disagg.engines.base import Endpoint
+from litellm_disagg.routing.accounting import Accounting
+from litellm_disagg.routing.cooldown import FailureCooldown
+from litellm_disagg.routing.orchestrator import Mode, Orchestrator
+from litellm_disagg.routing.request import DisaggRequest
+from litellm_disagg.routing.route_plan import RoutePlan
+from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlPushTransfer
+from litellm_disagg.transfer.prefill import PrefillClient
+
+
+def push(name: str, role: str) -> RuntimeConfig:
+    return RuntimeConfig(worker_id=name, model="m", role=role, engine="vllm", base_url=f"http://{name}/v1",
+                         transfer=VllmNixlPushTransfer(host=f"{name}.nixl", port=5600, engine_id=f"{name}-engine"),
+                         kv_capacity_blocks=100, block_size=16, state="ready")
+
+
+DECODE = push("d", "decode")
+REQ = DisaggRequest(endpoint=Endpoint.CHAT, fields={"messages": [{"role": "user", "content": "x"}]}, request_id="r1")
+
+
+class Workers:
+    """Prefill workers behind a MockTransport that answer, once their gate opens, as a push-mode vLLM does."""
+
+    def __init__(self, status: int | str):
+        self.status = status
+        self.gate = asyncio.Event()
+        self.calls: list[tuple[str, str, dict]] = []
+
+    async def handle(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        host = request.url.host
+        self.calls.append((host, request.url.path, body))
+        if request.url.path == "/abort_requests":
+            return httpx.Response(200, json={"status": "aborted"})
+        await self.gate.wait()
+        if self.status == "refused":
+            raise httpx.ConnectError("refused", request=request)
+        params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[0]],
+                  "remote_engine_id": f"{host}-engine", "remote_request_id": "chatcmpl-r1-0123abcd",
+                  "remote_host": f"{host}.nixl", "remote_port": 5600, "tp_size": 1, "transfer_mode": "push"}
+        return httpx.Response(int(self.status), json={"choices": [{"index": 0}], "usage": {"prompt_tokens": 3},
+                                                      "kv_transfer_params": params})
+
+
+def orchestrator(workers: Workers, **kwargs) -> tuple[Orchestrator, Accounting, FailureCooldown]:
+    client = PrefillClient(client=httpx.AsyncClient(transport=httpx.MockTransport(workers.handle)))
+    accounting, cooldown = Accounting(), FailureCooldown()
+    orch = Orchestrator(prefill_client=client, accounting=accounting, cooldown=cooldown,
+                        abort_window_s=kwargs.pop("abort_window_s", 0.0), abort_interval_s=0.01, **kwargs)
+    return orch, accounting, cooldown
+
+
+async def settle(orch: Orchestrator) -> None:
+    while orch._background:
+        await asyncio.gather(*list(orch._background))
+
+
+async def test_the_decode_names_the_prefill_engine_before_the_prefill_answers():
+    workers = Workers(200)
+    orch, accounting, _ = orchestrator(workers)
+    outcome = await orch.run(REQ, RoutePlan(DECODE, (push("p1", "prefill"),), None, "test"))  # prefill held
+    assert outcome.mode is Mode.DISAGGREGATED and outcome.prefill_worker_id == "p1"
+    params = outcome.decode_fields["kv_transfer_params"]
+    assert params["do_remote_prefill"] is True and params["remote_engine_id"] == "p1-engine"
+    assert (params["remote_host"], params["remote_port"], params["tp_size"]) == ("p1.nixl", 5600, 1)
+    await asyncio.sleep(0.01)
+    (host, path, body), = workers.calls
+    assert (host, path) == ("p1", "/v1/chat/completions")
+    assert body["kv_transfer_params"] == {"do_remote_decode": True} and body["max_tokens"] == 1
+    assert accounting.requests("p1") == 1
+    workers.gate.set()
+    await settle(orch)
+    assert len(accounting) == 0 and [c for c in workers.calls if c[1] == "/abort_requests"] == []
+
+
+@pytest.mark.parametrize("failure", [503, "refused"])
+async def test_a_failed_prefill_aborts_its_decode_by_vllms_request_ids(failure):
+    workers = Workers(failure)
+    workers.gate.set()
+    orch, accounting, cooldown = orchestrator(workers, abort_window_s=0.05)
+    await orch.run(REQ, RoutePlan(DECODE, (push("p1", "prefill"), push("p2", "prefill")), None, "test"))
+    await settle(orch)
+    aborts = [(host, body) for host, path, body in workers.calls if path == "/abort_requests"]
+    assert aborts and all(a == ("d", {"request_ids": ["chatcmpl-r1", "cmpl-r1-0"]}) for a in aborts)
+    assert len(accounting) == 0
+    assert cooldown.prefer_healthy([push("p1", "prefill"), push("p2", "prefill")])[0].worker_id == "p2"
