@@ -52,9 +52,11 @@ How it decides, per served model, at every step:
 5. **Desired pool sizes** (for an external autoscaler): the layout after this step's moves; plus one worker on the
    side that is above 1 when no move can relieve it (``overloaded``, or a bound condition with no candidate at all);
    minus one when both pressures stayed under ``scale_down_below`` for ``hysteresis_steps`` (then the least busy
-   worker of the least pressed side is named to drain first; the count starts again after each).
+   worker of the least pressed side is named to drain first, the same one at every step until it leaves the pool;
+   the next removal then needs ``hysteresis_steps`` fresh steps).
 
-The state the planner keeps: per model the current condition's streak and the scale-down streak; per worker the
+The state the planner keeps: per model the current condition's streak, the scale-down streak and the worker named to
+drain; per worker the
 time of its last move. Everything else is a function of ``signals`` and ``now``.
 """
 
@@ -187,6 +189,8 @@ class _ModelState:
     condition: Condition = Condition.STEADY
     streak: int = 0
     scale_down_streak: int = 0
+    drain: str | None = None
+    """The worker named to drain, kept while the pool stays underloaded and the worker in it."""
 
 
 @dataclass
@@ -362,7 +366,7 @@ class Planner:
             side = WorkerRole.PREFILL if p.prefill >= p.decode else WorkerRole.DECODE
             grow = WorkerRole.BOTH if aggregated else side
         if grow is not None:
-            state.scale_down_streak = 0
+            state.scale_down_streak, state.drain = 0, None
             counts = {r: layout.of(r) for r in WorkerRole}
             counts[grow] += 1
             return DesiredPools(model.model, counts[WorkerRole.PREFILL], counts[WorkerRole.DECODE],
@@ -370,8 +374,20 @@ class Planner:
         if p.prefill < s.scale_down_below and p.decode < s.scale_down_below:
             state.scale_down_streak += 1
         else:
-            state.scale_down_streak = 0
+            state.scale_down_streak, state.drain = 0, None
         if state.scale_down_streak < s.hysteresis_steps or model.flipping:
+            return layout, None
+        if state.drain is not None:  # the same worker, until it leaves the pool (draining, gone)
+            named = next((w for w in model.active if w.worker_id == state.drain and not w.flipping
+                          and w.worker_id not in moved), None)
+            if named is not None:
+                counts = {r: layout.of(r) for r in WorkerRole}
+                counts[named.effective_role] -= 1
+                smaller = DesiredPools(model.model, counts[WorkerRole.PREFILL], counts[WorkerRole.DECODE],
+                                       counts[WorkerRole.BOTH])
+                if _keeps_minimums(smaller, s):
+                    return smaller, named.worker_id
+            state.scale_down_streak, state.drain = 0, None  # it left: the next removal needs fresh evidence
             return layout, None
         order = sorted((WorkerRole.PREFILL, WorkerRole.DECODE),
                        key=lambda r: p.prefill if r is WorkerRole.PREFILL else p.decode)
@@ -387,6 +403,6 @@ class Planner:
             victims = [w for w in _least_busy(model.with_role(role)) if not w.flipping and w.worker_id not in moved]
             if not victims:
                 continue
-            state.scale_down_streak = 0
-            return smaller, victims[0].worker_id
+            state.drain = victims[0].worker_id
+            return smaller, state.drain
         return layout, None

@@ -279,8 +279,19 @@ def test_scale_down_after_hysteresis_names_the_least_busy_worker_of_the_least_pr
     assert first.drain is None and first.desired.total == 4
     second = planner.step(quiet, 1).decisions[0]
     assert second.drain == "d0" and (second.desired.decode, second.desired.prefill) == (1, 2)
-    # the count starts again
-    assert planner.step(quiet, 2).decisions[0].drain is None
+    # the same worker and the same sizes while it is in the pool (an autoscaler sees a steady target)
+    third = planner.step(quiet, 2).decisions[0]
+    assert third.drain == "d0" and third.desired == second.desired
+    # it drains: it leaves the pool, the sizes already leave it out, and the next removal needs fresh evidence
+    draining = [w("p0", P, running_requests=1), w("p1", P), w("d0", D, state=WorkerState.DRAINING), w("d1", D)]
+    quiet = cluster(draining, ttft=100, itl=1)
+    fourth = planner.step(quiet, 3).decisions[0]
+    assert fourth.drain is None and fourth.desired.total == 3
+    assert planner.step(quiet, 4).decisions[0].drain is None
+    # d1 is the last decode worker: the next removal is a prefill worker, the least busy one
+    assert planner.step(quiet, 5).decisions[0].drain == "p1"
+    # load comes back: no removal, the name is forgotten
+    assert planner.step(cluster(draining, ttft=900, itl=1), 6).decisions[0].drain is None
 
 
 def test_scale_down_respects_minimums() -> None:

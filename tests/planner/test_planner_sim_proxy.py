@@ -1,0 +1,147 @@
+"""Issue 9, item 5b (simulated): the planner, running inside the real LiteLLM proxy over simulated switchable vLLM
+workers, makes one move when the load shifts, and none before.
+
+Real: the LiteLLM proxy process with the plugin and ``planner.enabled``, file discovery, HTTP, streaming, the
+workers' role-change path (``Registry.request_role`` -> the worker's lifecycle -> republished role). Simulated: the
+engines (``litellm_disagg.sim``, a prefill rate of 5,000 tokens/s in real time, so a 4,000-token prompt takes 0.8 s).
+Real vLLM CPU workers would make the same move but cost minutes of the two shared cores per run; see
+docs/planner.md.
+
+Layout: ``p1`` prefill, ``d1`` and ``d2`` decode, all ``--switchable``. Phase 1: short prompts, TTFT far under the
+1.5 s SLO: the planner holds (no role request for at least 10 steps). Phase 2: long prompts queue at the one prefill
+worker, TTFT p90 goes over the SLO while decode has headroom: the planner asks a decode worker to prefill
+(``prefill_bound``). The minimum decode pool (1) then forbids a second move, so exactly one happens. No request fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import yaml
+
+from litellm_disagg.discovery.file.registry import FileRegistry
+from litellm_disagg.runtime_config import WorkerRole
+from litellm_disagg.sim import SimCluster, SimSettings
+from litellm_disagg.sim.settings import EngineSettings, TimingSettings
+
+from ..support.procs import MASTER_KEY, ProxyProc
+from ..support.registry_watch import eventually
+
+MODEL = "sim-model"
+INTERVAL_S = 0.5
+
+
+def sim_settings() -> SimSettings:
+    return SimSettings(
+        engine=EngineSettings(num_gpu_blocks=4096, max_model_len=8192, max_num_batched_tokens=4096),
+        timing=TimingSettings(prefill_tokens_per_s=5000.0, speedup=1.0),
+    )
+
+
+def proxy_config(registry_dir) -> dict:
+    return {
+        "model_list": [],
+        "litellm_settings": {"callbacks": ["litellm_disagg.plugin.handler"], "drop_params": False},
+        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
+        "router_settings": {"num_retries": 0, "timeout": 120},
+        "litellm_disagg": {
+            "registry": {"backend": "file", "path": str(registry_dir), "poll_interval_s": 0.1},
+            "sync_interval_s": 0.2,
+            "planner": {"enabled": True, "ttft_ms": 1500, "itl_ms": 1000, "interval_s": INTERVAL_S,
+                        "hysteresis_steps": 2, "window_s": 4, "min_samples": 3, "cooldown_s": 600,
+                        "allow_aggregated": False},
+        },
+    }
+
+
+class StreamingTraffic:
+    """``concurrency`` loops sending streamed chats of ``words`` words until stopped."""
+
+    def __init__(self, client: httpx.AsyncClient, words: int, concurrency: int, tag: str):
+        self.client = client
+        self.words = words
+        self.tag = tag
+        self.done = 0
+        self.failures: list[str] = []
+        self._stop = asyncio.Event()
+        self._tasks = [asyncio.create_task(self._loop(n)) for n in range(concurrency)]
+
+    async def _loop(self, n: int) -> None:
+        i = 0
+        while not self._stop.is_set():
+            i += 1
+            prompt = f"{self.tag} {n} {i} " + " ".join(f"w{k % 97}" for k in range(self.words))
+            body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 6,
+                    "stream": True}
+            try:
+                async with self.client.stream("POST", "/v1/chat/completions", json=body) as r:
+                    text = (await r.aread()).decode()
+                    if r.status_code != 200 or "[DONE]" not in text:
+                        self.failures.append(f"{r.status_code}: {text[:200]}")
+                        continue
+            except httpx.HTTPError as exc:
+                self.failures.append(repr(exc))
+                continue
+            self.done += 1
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+
+def planner_lines(log: str) -> list[dict]:
+    return [json.loads(line.split("planner decision ", 1)[1]) for line in log.splitlines()
+            if "planner decision " in line]
+
+
+async def test_planner_in_the_proxy_moves_one_worker_when_the_load_shifts(tmp_path) -> None:
+    registry_dir = tmp_path / "registry"
+    config_path = tmp_path / "proxy.yaml"
+    config_path.write_text(yaml.safe_dump(proxy_config(registry_dir)))
+    reader = FileRegistry(registry_dir, poll_interval_s=0.05)
+    async with SimCluster(registry=FileRegistry(registry_dir, poll_interval_s=0.05), settings=sim_settings(),
+                          heartbeat_interval_s=0.2, name="sim-planner") as cluster:
+        await cluster.add(WorkerRole.PREFILL, switchable=True, worker_id="p1")
+        d1 = await cluster.add(WorkerRole.DECODE, switchable=True, worker_id="d1")
+        d2 = await cluster.add(WorkerRole.DECODE, switchable=True, worker_id="d2")
+        proxy = ProxyProc(registry_dir, tmp_path, config=config_path).start()
+        try:
+            await asyncio.to_thread(proxy.wait_ready, MODEL, 180)
+            headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+            async with httpx.AsyncClient(base_url=proxy.url, headers=headers, timeout=120) as c:
+                # phase 1: short prompts; the planner holds for at least 10 steps
+                short = StreamingTraffic(c, words=20, concurrency=2, tag="short")
+                try:
+                    await eventually(lambda: len(planner_lines(proxy.log.read_text())) >= 1, timeout_s=60)
+                    await eventually(lambda: short.done >= 20 or bool(short.failures), timeout_s=60)
+                    await asyncio.sleep(10 * INTERVAL_S)
+                finally:
+                    await short.stop()
+                lines = planner_lines(proxy.log.read_text())
+                assert [mv for d in lines for mv in d["moves"]] == [], lines[-3:]
+                assert not list(registry_dir.glob("*.role.json"))
+                assert {d["condition"] for d in lines} <= {"steady"}, lines[-3:]
+
+                # phase 2: long prompts queue at the one prefill worker
+                long = StreamingTraffic(c, words=4000, concurrency=6, tag="long")
+                try:
+                    await eventually(lambda: WorkerRole.PREFILL in (d1.role, d2.role) or bool(long.failures),
+                                     timeout_s=90, interval_s=0.2)
+                    await asyncio.sleep(6 * INTERVAL_S)   # a few more steps: no second move
+                finally:
+                    await long.stop()
+                assert short.failures == [] and long.failures == [], (short.failures + long.failures)[:3]
+        finally:
+            await asyncio.to_thread(proxy.stop)
+        log = proxy.log.read_text()
+        published = {w.worker_id: w.role for w in await reader.snapshot()}
+        await reader.close()
+    moves = [(d["condition"], mv) for d in planner_lines(log) for mv in d["moves"]]
+    assert len(moves) == 1, moves
+    condition, (worker_id, from_role, to_role) = moves[0]
+    assert (condition, from_role, to_role) == ("prefill_bound", "decode", "prefill")
+    assert worker_id in ("d1", "d2") and published[worker_id] is WorkerRole.PREFILL
+    assert sorted(published.values()) == sorted([WorkerRole.PREFILL, WorkerRole.PREFILL, WorkerRole.DECODE])
+    assert "now serves prefill" in log
