@@ -72,6 +72,7 @@ def run_planner(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace, settings: Any, registry_settings: Any) -> int:
     from litellm_disagg.discovery.factory import make_registry
+    from litellm_disagg.observability import metrics as m
     from litellm_disagg.planner.collect import ProxyPagesLatency, SignalCollector
     from litellm_disagg.planner.lock import make_lock
     from litellm_disagg.planner.loop import PlannerLoop
@@ -93,6 +94,7 @@ async def _run(args: argparse.Namespace, settings: Any, registry_settings: Any) 
         running.add_signal_handler(sig, stop.set)
     logger.info("planner: ttft %.0f ms, itl %.0f ms, every %.1f s, registry %s%s", settings.ttft_ms, settings.itl_ms,
                 settings.interval_s, registry_settings.backend, " (dry run)" if args.dry_run else "")
+    m.PLANNER_ENABLED.set(1)
     try:
         while not stop.is_set():
             try:
@@ -106,6 +108,7 @@ async def _run(args: argparse.Namespace, settings: Any, registry_settings: Any) 
             except TimeoutError:
                 pass
     finally:
+        m.PLANNER_ENABLED.set(0)
         await loop.stop()
         await registry.close()
     return 0
