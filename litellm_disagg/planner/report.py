@@ -10,8 +10,8 @@ finds them and ``jq`` reads them::
                       "transfer_ms": 35.0, "queued_prefill_tokens": 5200, "waiting_requests": 7,
                       "decode_kv_usage": 0.41, "decode_occupancy": null}
 
-Layouts are ``[prefill, decode, both]``. A line is written at INFO when the step moves a worker, names a worker to
-drain, changes the desired sizes or changes condition; at DEBUG otherwise (every step).
+Layouts are ``[prefill, decode, both]``. A line is written at INFO when the step moves a worker or changes the
+desired sizes, the worker named to drain or the condition; at DEBUG otherwise (every step).
 
 Metrics (``observability/metrics.py``): ``litellm_disagg_planner_decisions_total{model,action}`` (``role_change``
 per move, ``scale_up`` / ``scale_down`` when the desired total grows / shrinks), ``..._desired_workers{model,role}``
@@ -75,8 +75,9 @@ class PlannerReport:
         """Log and count one decision; returns whether it was worth an INFO line (something changed)."""
         previous = self._last.get(decision.model)
         self._last[decision.model] = decision
-        changed = bool(decision.moves) or decision.drain is not None or previous is None or (
-            previous.desired != decision.desired or previous.condition is not decision.condition)
+        changed = bool(decision.moves) or previous is None or (
+            previous.desired != decision.desired or previous.condition is not decision.condition
+            or previous.drain != decision.drain)
         line = "planner decision " + json.dumps(decision_fields(decision, signals), separators=(",", ":"))
         logger.log(logging.INFO if changed else logging.DEBUG, line)
         model = decision.model

@@ -207,3 +207,22 @@ async def test_hook_runs_with_the_desired_sizes_once_per_change(tmp_path: Path) 
 async def test_hook_that_hangs_is_killed(tmp_path: Path) -> None:
     hook = DesiredHook([sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=0.5)
     assert await hook.run(HookCall(DesiredPools("m", 1, 1, 0))) is None
+
+
+def test_report_logs_at_info_only_what_changed(caplog: pytest.LogCaptureFixture) -> None:
+    from litellm_disagg.planner import Planner
+    from litellm_disagg.planner.report import PlannerReport
+    from litellm_disagg.planner.signals import ClusterSignals, LatencyWindow, ModelSignals, WorkerSignals
+
+    caplog.set_level(logging.DEBUG, logger="litellm_disagg.planner")
+    planner, report = Planner(settings(hysteresis_steps=1, allow_aggregated=False)), PlannerReport()
+    workers = tuple(WorkerSignals(i, "quiet", r) for i, r in (("p0", WorkerRole.PREFILL), ("p1", WorkerRole.PREFILL),
+                                                              ("d0", WorkerRole.DECODE)))
+    quiet = ClusterSignals((ModelSignals("quiet", workers, LatencyWindow(10, 9), LatencyWindow(1, 9)),))
+    levels = []
+    for t in range(3):
+        decision = planner.step(quiet, t).decisions[0]
+        assert decision.drain == "p0"   # named at every step
+        report.decided(decision, quiet.models[0])
+        levels.append(caplog.records[-1].levelno)
+    assert levels == [logging.INFO, logging.DEBUG, logging.DEBUG]
