@@ -1,0 +1,61 @@
+"""``ClusterSignals`` (``litellm_disagg.planner.signals``, the planner's input) from the simulated state.
+
+Per worker: its published role and the flip in progress, running and waiting requests, prompt tokens queued for
+prefill there, batch capacity and KV usage (what the proxy's accounting and the load scraper give the planner).
+Per model: TTFT and ITL percentiles of the requests that finished in the last ``signal_window_s``, the measured KV
+transfer time, and the prefill rate of one worker (the timing model's, as a measured figure would converge to).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from litellm_disagg.planner.signals import ClusterSignals, LatencyWindow, ModelSignals, WorkerSignals
+from litellm_disagg.runtime_config import WorkerState
+
+from bench.planner_eval.routing import MODEL
+
+if TYPE_CHECKING:
+    from bench.planner_eval.cluster import Cluster
+
+QUANTILE = 0.9
+"""The percentile the windows report: the one goodput's attainment (90% of requests) is about."""
+
+
+def collect(cluster: Cluster, now: float) -> ClusterSignals:
+    window = cluster.config.signal_window_s
+    since = now - window
+    ttft: list[float] = []
+    itl: list[float] = []
+    for req in reversed(cluster.requests):
+        if req.arrival < since - 600:
+            break  # requests are in arrival order; none this old finished in the window
+        if req.first_token is not None and req.first_token >= since:
+            ttft.append((req.first_token - req.arrival) * 1e3)
+        if req.finish is not None and req.finish >= since and req.output >= 2:
+            itl.append((req.finish - req.first_token) / (req.output - 1) * 1e3)  # type: ignore[operator]
+    transfers = [s * 1e3 for t, s in cluster.pulls_done[-2000:] if t >= since]
+    workers = tuple(
+        WorkerSignals(
+            worker_id=wid,
+            model=MODEL,
+            role=w.role,
+            state=WorkerState.READY,
+            pending_role=w.pending_role,
+            running_requests=w.running,
+            waiting_requests=len(w.queued) + len(w.pull_queue) + w.pulling + len(w.ready),
+            queued_prefill_tokens=w.queued_prefill_tokens,
+            max_running_requests=cluster.config.engine.max_num_seqs,
+            kv_usage=w.kv_usage,
+        )
+        for wid, w in cluster.workers.items()
+    )
+    model = ModelSignals(
+        model=MODEL,
+        workers=workers,
+        ttft=LatencyWindow.of(ttft, QUANTILE),
+        itl=LatencyWindow.of(itl, QUANTILE),
+        transfer=LatencyWindow.of(transfers, QUANTILE),
+        prefill_tokens_per_s=cluster.config.timing.prefill_tokens_per_s,
+    )
+    return ClusterSignals.of([model])

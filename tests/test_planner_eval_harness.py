@@ -1,0 +1,97 @@
+"""The planner evaluation harness (bench/planner_eval): seeded, its routing is the product's pipeline, the planner's
+moves become flips with the flip delay, and a tiny goodput sweep runs end to end in seconds."""
+
+from __future__ import annotations
+
+from bench.planner_eval import goodput, slo
+from bench.planner_eval.cluster import Cluster, ClusterConfig, Move
+from bench.planner_eval.policies import PlannerPolicy, Static
+from bench.planner_eval.workload import Segment, schedule
+from litellm_disagg.planner.settings import PlannerSettings
+from litellm_disagg.runtime_config import WorkerRole
+
+
+def test_schedules_are_seeded():
+    segs = [Segment("prompt-heavy", 5.0, 10.0), Segment("bursts", 5.0, 20.0)]
+    assert schedule(segs, seed=1) == schedule(segs, seed=1)
+    assert schedule(segs, seed=1) != schedule(segs, seed=2)
+    arrivals = schedule(segs, seed=1)
+    assert {a.phase for a in arrivals if a.t < 10} == {"prompt-heavy"}
+    assert {a.phase for a in arrivals if a.t >= 10} == {"bursts"}
+
+
+def test_runs_are_deterministic():
+    arrivals = schedule([Segment("generation-heavy", 8.0, 15.0)], seed=0)
+    a = Cluster(ClusterConfig(workers=4), Static(1, 3)).run(arrivals)
+    b = Cluster(ClusterConfig(workers=4), Static(1, 3)).run(arrivals)
+    assert [(r.first_token, r.finish) for r in a.requests] == [(r.first_token, r.finish) for r in b.requests]
+
+
+def test_routing_is_the_products_pipeline():
+    arrivals = schedule([Segment("prompt-heavy", 6.0, 10.0)], seed=0)
+    result = Cluster(ClusterConfig(workers=4), Static(2, 2)).run(arrivals)
+    # least-loaded decode and least-queued prefill spread the work over both workers of each pool
+    assert {r.decode_worker for r in result.requests} == {"w2", "w3"}
+    assert {r.prefill_worker for r in result.requests} == {"w0", "w1"}
+    assert all(r.remote for r in result.requests)
+    agg = Cluster(ClusterConfig(workers=4), Static(0, 0, 4)).run(arrivals)
+    assert not any(r.remote for r in agg.requests)  # both workers serve whole requests
+
+
+class _FlipOnce:
+    name = "flip once"
+    interval_s = 1.0
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def initial_roles(self, n):
+        return [WorkerRole.PREFILL, WorkerRole.DECODE]
+
+    def decide(self, signals, now):
+        if self.done:
+            return ()
+        self.done = True
+        return (Move("w0", WorkerRole.DECODE),)
+
+
+def test_a_flip_takes_the_flip_delay_and_in_flight_work_finishes():
+    arrivals = schedule([Segment("prompt-heavy", 10.0, 6.0)], seed=0)
+    result = Cluster(ClusterConfig(workers=2, flip_delay_s=1.5), _FlipOnce()).run(arrivals)
+    assert [(t, m.worker_id, m.role) for t, m in result.moves] == [(1.0, "w0", WorkerRole.DECODE)]
+    flipping = [p for p in result.pools if p.flipping]
+    assert flipping and flipping[0].t == 1.0
+    done = next(p for p in result.pools if p.t > 1.0 and not p.flipping)
+    assert done.t == 2.5 and done.decode == 2 and done.prefill == 0
+    # requests that arrived during the flip went elsewhere; prefills w0 had queued before it still ran there
+    assert all(r.prefill_worker != "w0" and r.decode_worker != "w0" for r in result.requests if 1.0 <= r.arrival < 2.5)
+    assert any(r.prefill_worker == "w0" and r.prefill_done and r.prefill_done > 1.0 for r in result.requests)
+    assert all(r.finish is not None for r in result.requests)
+
+
+def test_the_planner_arm_moves_workers_when_the_load_calls_for_it():
+    settings = PlannerSettings(ttft_ms=1000, itl_ms=40, interval_s=2, hysteresis_steps=2, cooldown_s=10, window_s=10)
+    policy = PlannerPolicy(settings, start=(1, 3, 0))
+    arrivals = schedule([Segment("prompt-heavy", 8.0, 40.0)], seed=0)
+    result = Cluster(ClusterConfig(workers=4, signal_window_s=10), policy).run(arrivals)
+    assert policy.steps, "the planner was asked"
+    assert any(m.role is WorkerRole.PREFILL for _, m in result.moves)  # prompt-heavy: 1 prefill worker is too few
+
+
+def test_a_tiny_goodput_sweep():
+    search = goodput.SearchSettings(duration_s=20.0, warmup_s=5.0, start_rate=2.0, rel_tol=0.25)
+    config = ClusterConfig(workers=2)
+    g = goodput.goodput("prompt-heavy", lambda: Static(0, 0, 2), config, slo.Slo(), search, seed=0)
+    assert g.rate > 0
+    passing = [p for p in g.probes if p.attainment >= 0.9]
+    failing = [p for p in g.probes if p.attainment < 0.9]
+    assert passing and failing and g.rate == max(p.rate for p in passing if p.rate <= min(f.rate for f in failing))
+    again = goodput.goodput("prompt-heavy", lambda: Static(0, 0, 2), config, slo.Slo(), search, seed=0)
+    assert again == g
+
+
+def test_recovery_is_measured_from_the_shift():
+    pts = [slo.WindowPoint(t, a, 10) for t, a in [(0, 1.0), (5, 1.0), (10, 0.5), (15, 0.8), (20, 0.95), (25, 1.0)]]
+    assert slo.recovery_s(pts, 10.0, 30.0, 0.9) == 10.0
+    assert slo.recovery_s(pts, 0.0, 10.0, 0.9) == 0.0
+    assert slo.recovery_s(pts[:4], 10.0, 30.0, 0.9) is None
