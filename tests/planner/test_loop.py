@@ -226,3 +226,48 @@ def test_report_logs_at_info_only_what_changed(caplog: pytest.LogCaptureFixture)
         report.decided(decision, quiet.models[0])
         levels.append(caplog.records[-1].levelno)
     assert levels == [logging.INFO, logging.DEBUG, logging.DEBUG]
+
+
+async def test_two_planners_on_consul_the_holder_dies_the_other_acts(tmp_path: Path) -> None:
+    import asyncio
+
+    from litellm_disagg.discovery.consul.endpoint import ConsulEndpoint
+    from litellm_disagg.discovery.consul.http import ConsulHttp
+    from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
+    from litellm_disagg.planner.lock import ConsulSessionLock
+
+    from ..consul_double import ConsulDouble
+
+    registry = MemoryRegistry([worker("p0", "prefill"), worker("d0", "decode"), worker("d1", "decode")])
+    latency, clock = DrivenLatency(), Clock()
+    s = settings(hysteresis_steps=1)
+    async with ConsulDouble(min_session_ttl_s=0.5) as consul:
+        def lock() -> ConsulSessionLock:
+            endpoint = ConsulEndpoint.resolve(ConsulRegistrySettings(address=consul.address), environ={})
+            return ConsulSessionLock(ConsulHttp(endpoint, timeout_s=5), ttl_s=0.5, own_http=True)
+
+        first = PlannerLoop(s, registry, SignalCollector(s, latency), lock(), clock=clock)
+        second = PlannerLoop(s, registry, SignalCollector(s, latency), lock(), clock=clock)
+        try:
+            latency.observe(ttft_s=3.0, itl_s=0.01)
+            assert await first.tick() is None and first.leader
+            assert await second.tick() is None and not second.leader
+            latency.observe(ttft_s=3.0, itl_s=0.01)
+            clock.now += 1
+            step = await first.tick()
+            assert step is not None and [m.worker_id for m in step.moves] == ["d0"]
+            assert await second.tick() is None
+            # the first planner dies: it never renews its session again (no release)
+            for _ in range(100):
+                latency.observe(ttft_s=3.0, itl_s=0.01)
+                clock.now += 1
+                await second.tick()
+                if second.leader:
+                    break
+                await asyncio.sleep(0.1)
+            assert second.leader
+            clock.now += 1
+            assert await second.tick() is not None     # acts from its next step on
+        finally:
+            await second.stop()
+            await first.stop()
