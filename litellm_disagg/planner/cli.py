@@ -1,7 +1,8 @@
 """``litellm-disagg planner``: the planner on its own, outside any proxy.
 
-It reads the planner's and the registry's settings from a proxy config (``--config``, the ``litellm_disagg:``
-section, so it plans with the same SLOs the proxies were given) or from flags, the workers from discovery and their
+It reads the planner's, the registry's and the admission settings from a proxy config (``--config``, the
+``litellm_disagg:`` section, so it plans with the same SLOs and over the same admitted workers as the proxies) or
+from flags, the workers from discovery and their
 ``/metrics`` pages, the latencies from the proxies' ``/metrics`` pages (``--proxy-metrics``, repeatable: several
 proxies add up), and acts through ``Registry.request_role``. It takes the same lock as a planner inside a proxy, so
 running both is safe (one acts). ``--metrics-port`` serves its metrics (``litellm_disagg_planner_desired_workers``
@@ -42,35 +43,52 @@ def add_planner_parser(sub: Any) -> None:
     add_registry_args(p)
 
 
-def _settings(args: argparse.Namespace) -> tuple[Any, Any]:
+def _settings(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     from litellm_disagg.planner.settings import PlannerSettings
+    from litellm_disagg.routing.admission import Admission
     from litellm_disagg.settings import DisaggSettings
 
     if args.config:
         import yaml
 
         disagg = DisaggSettings.from_proxy_config(yaml.safe_load(Path(args.config).read_text()) or {})
-        planner, registry = disagg.planner, disagg.registry
         if args.registry != "file" or args.registry_dir:
-            registry = registry_settings_from_args(args)
+            disagg = disagg.model_copy(update={"registry": registry_settings_from_args(args)})
     else:
-        planner, registry = PlannerSettings(), registry_settings_from_args(args)
+        disagg = DisaggSettings(registry=registry_settings_from_args(args))
+    planner, registry = disagg.planner, disagg.registry
+    admission = Admission(disagg.admission, model_groups=disagg.model_groups)
     overrides = {k: v for k, v in (("ttft_ms", args.ttft_ms), ("itl_ms", args.itl_ms), ("interval_s", args.interval),
                                    ("hook_command", args.hook)) if v is not None}
     planner = PlannerSettings.model_validate(planner.model_dump() | overrides)
-    return planner, registry
+    return planner, registry, admission
 
 
 def run_planner(args: argparse.Namespace) -> int:
     try:
-        planner_settings, registry_settings = _settings(args)
+        planner_settings, registry_settings, admission = _settings(args)
     except (OSError, ValueError) as exc:
         logger.error("planner: bad settings: %s", exc)
         return 2
-    return asyncio.run(_run(args, planner_settings, registry_settings))
+    return asyncio.run(_run(args, planner_settings, registry_settings, admission))
 
 
-async def _run(args: argparse.Namespace, settings: Any, registry_settings: Any) -> int:
+class _Admitted:
+    """Discovery as the proxies see it: only the entries their admission rules let in (allowed models, networks;
+    ``routing/admission.py``), so the planner scrapes and moves no worker a proxy would not route to."""
+
+    def __init__(self, registry: Any, admission: Any):
+        self._registry = registry
+        self._admission = admission
+
+    async def snapshot(self) -> list[Any]:
+        return list(self._admission.admit(await self._registry.snapshot()))
+
+    async def request_role(self, worker_id: str, role: Any) -> None:
+        await self._registry.request_role(worker_id, role)
+
+
+async def _run(args: argparse.Namespace, settings: Any, registry_settings: Any, admission: Any) -> int:
     from litellm_disagg.discovery.factory import make_registry
     from litellm_disagg.observability import metrics as m
     from litellm_disagg.planner.collect import ProxyPagesLatency, SignalCollector
@@ -86,8 +104,8 @@ async def _run(args: argparse.Namespace, settings: Any, registry_settings: Any) 
     headers = {"Authorization": f"Bearer {args.metrics_key}"} if args.metrics_key else {}
     registry = make_registry(registry_settings)
     collector = SignalCollector(settings, ProxyPagesLatency(args.proxy_metrics, headers=headers))
-    loop = PlannerLoop(settings, registry, collector, make_lock(registry_settings, settings.lock),
-                       dry_run=args.dry_run)
+    loop = PlannerLoop(settings, _Admitted(registry, admission), collector,
+                       make_lock(registry_settings, settings.lock), dry_run=args.dry_run)
     stop = asyncio.Event()
     running = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

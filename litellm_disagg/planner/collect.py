@@ -29,7 +29,7 @@ import httpx
 from litellm_disagg.engines import engine_for
 from litellm_disagg.observability import metrics as m
 from litellm_disagg.planner.settings import PlannerSettings
-from litellm_disagg.planner.signals import ClusterSignals, ModelSignals, WorkerSignals
+from litellm_disagg.planner.signals import ClusterSignals, LatencyWindow, ModelSignals, WorkerSignals
 from litellm_disagg.planner.window import (
     HistogramTotals,
     HistogramWindow,
@@ -195,9 +195,9 @@ class SignalCollector:
             models.append(ModelSignals(
                 model,
                 tuple(by_model[model]),
-                ttft.window(q) if ttft else ModelSignals(model).ttft,
-                itl.window(q) if itl else ModelSignals(model).itl,
-                transfer.window(now) if transfer else ModelSignals(model).transfer,
+                ttft.window(q) if ttft else LatencyWindow(),
+                itl.window(q) if itl else LatencyWindow(),
+                transfer.window(now) if transfer else LatencyWindow(),
                 rate,
             ))
         return ClusterSignals(tuple(models))

@@ -26,8 +26,8 @@ MODEL = "planner-cli-model"
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def config(worker: FakeWorker, role: WorkerRole) -> RuntimeConfig:
-    return RuntimeConfig(worker_id=worker.name, model=MODEL, role=role, base_url=f"{worker.url}/v1",
+def config(worker: FakeWorker, role: WorkerRole, *, model: str = MODEL, prefix: str = "") -> RuntimeConfig:
+    return RuntimeConfig(worker_id=prefix + worker.name, model=model, role=role, base_url=f"{worker.url}/v1",
                          transfer=worker.transfer, kv_capacity_blocks=100, block_size=16, state=WorkerState.READY,
                          allowed_roles=(WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH))
 
@@ -57,6 +57,7 @@ async def test_standalone_planner_moves_a_worker_on_slow_ttft(tmp_path: Path, pr
     conf = tmp_path / "proxy_config.yaml"
     conf.write_text(yaml.safe_dump({"litellm_disagg": {
         "registry": {"backend": "file", "path": str(registry_dir)},
+        "admission": {"allowed_models": [MODEL]},
         "planner": {"ttft_ms": 500, "itl_ms": 50, "interval_s": 0.3, "hysteresis_steps": 2, "min_samples": 1,
                     "window_s": 10}}}))
     proc = None
@@ -64,6 +65,11 @@ async def test_standalone_planner_moves_a_worker_on_slow_ttft(tmp_path: Path, pr
         await registry.publish(config(workers[0], WorkerRole.PREFILL))
         for w in workers[1:]:
             await registry.publish(config(w, WorkerRole.DECODE))
+        # entries of a model the proxies do not admit: the planner must neither scrape nor move them
+        evil = [config(workers[0], WorkerRole.PREFILL, model="evil-model", prefix="evil-")] + [
+            config(w, WorkerRole.DECODE, model="evil-model", prefix="evil-") for w in workers[1:]]
+        for e in evil:
+            await registry.publish(e)
         argv = [sys.executable, "-m", "litellm_disagg.cli", "planner", "--config", str(conf),
                 "--proxy-metrics", url, "--steps", "4"] + (["--dry-run"] if dry_run else [])
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -72,7 +78,10 @@ async def test_standalone_planner_moves_a_worker_on_slow_ttft(tmp_path: Path, pr
             if i % 20 == 0:  # the entries must stay alive (heartbeat TTL) while the planner starts
                 for w in workers:
                     await registry.heartbeat(w.name)
+                for e in evil:
+                    await registry.heartbeat(e.worker_id)
             ttft.labels(MODEL, "disaggregated").observe(2.0)
+            ttft.labels("evil-model", "disaggregated").observe(2.0)
             itl.labels(MODEL, "disaggregated").observe(0.005)
             if proc.poll() is not None:
                 break
@@ -82,6 +91,7 @@ async def test_standalone_planner_moves_a_worker_on_slow_ttft(tmp_path: Path, pr
         decisions = [json.loads(line.split("planner decision ", 1)[1]) for line in out.splitlines()
                      if "planner decision " in line]
         moves = [mv for d in decisions for mv in d["moves"]]
+        assert {d["model"] for d in decisions} == {MODEL}, out
         assert moves == [["cli-d1", "decode", "prefill"]], out
         role_file = registry_dir / "cli-d1.role.json"
         if dry_run:
