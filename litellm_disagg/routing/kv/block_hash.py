@@ -20,6 +20,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 
+from litellm_disagg.routing.kv.native import core as _native
+
 BlockHash = int
 """One block's chained hash (a signed 64-bit int, as ``hash()`` returns)."""
 
@@ -33,15 +35,25 @@ def root_hash(namespace: str | None = None) -> BlockHash:
 
 ROOT: BlockHash = root_hash()
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
 
 def chain_hashes(token_ids: Sequence[int], block_size: int, parent: BlockHash = ROOT) -> list[BlockHash]:
     """The hashes of the full blocks of ``token_ids``, chained from ``parent`` (``ROOT``: the start of a sequence).
 
     Hashing the blocks ``[a, b]`` from ``ROOT`` gives the same hashes as hashing ``[a]`` from ``ROOT`` and then
     ``[b]`` from the last hash of ``[a]``: how a ``BlockStored`` event that continues a cached prefix is rebuilt.
+    The compiled core (``native.py``) computes the same values without building tuples, when it is built.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be positive, got {block_size}")
+    if _native is not None and _INT64_MIN <= parent <= _INT64_MAX:
+        return _native.chain_hashes(token_ids, block_size, parent)  # type: ignore[no-any-return]
+    return chain_hashes_py(token_ids, block_size, parent)
+
+
+def chain_hashes_py(token_ids: Sequence[int], block_size: int, parent: BlockHash = ROOT) -> list[BlockHash]:
+    """``chain_hashes`` in pure Python: the definition the compiled core must equal."""
     # Block i's hash is hash((hash of block i - 1, tuple(token_ids[i * block_size : (i + 1) * block_size]))). ``zip``
     # over one shared iterator cuts those tuples in C (dropping a trailing partial block) from a list or a tuple
     # alike, and the comprehension chains them: about twice as fast as slicing in a loop, and the same values.

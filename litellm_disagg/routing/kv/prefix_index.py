@@ -41,6 +41,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from litellm_disagg.routing.kv.block_hash import BlockHash
+from litellm_disagg.routing.kv.native import core as _native
+
+_NATIVE_SLOTS = 64
+"""The compiled core's masks are 64-bit: it runs while every slot index (live or retired) is below this."""
 
 _NO_EXPIRY = math.inf
 """The expiry stored for precise entries (one shared float object, so they cost no extra memory)."""
@@ -133,7 +137,9 @@ class PrefixIndex:
         if slot.predicted:
             hashes = list(hashes)
             self._confirm_predictions(slot, bit, hashes)
-        if slot.ttl_s is None:  # precise: the stored expiry never changes, a known block only moves to the end
+        if slot.ttl_s is None and _native is not None and len(self._slots) <= _NATIVE_SLOTS:
+            _native.store_precise(held, lru, hashes, bit, _NO_EXPIRY)  # the loop below, compiled
+        elif slot.ttl_s is None:  # precise: the stored expiry never changes, a known block only moves to the end
             for h in hashes:
                 mask = held_get(h, 0)
                 if mask & bit:
@@ -157,6 +163,9 @@ class PrefixIndex:
         """The worker evicted these blocks. Unknown workers and blocks are ignored."""
         index = self._slot_of.get(worker_id)
         if index is None:
+            return
+        if _native is not None and len(self._slots) <= _NATIVE_SLOTS:
+            _native.remove(self._held, self._slot(index).held, hashes, 1 << index)  # the loop below, compiled
             return
         pop = self._slot(index).held.pop
         held = self._held
@@ -221,6 +230,11 @@ class PrefixIndex:
         if not current:
             return {}
         out: dict[str, int] = {}
+        if _native is not None and len(self._slots) <= _NATIVE_SLOTS and isinstance(hashes, list):
+            # The walk below, compiled: (slots that stop, blocks they hold), in the order the walk credits them.
+            for bits, count in _native.overlap_walk(held, predicted, hashes, current):
+                self._credit(out, bits, count)
+            return out
         position = 1
         if predicted:
             for position in range(1, len(hashes)):

@@ -1,0 +1,175 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, infer_types=False
+"""Compiled kernels of the KV routing hot paths (built by ``scripts/build_native.sh``; ``native.py`` loads them).
+
+Every function here is the compiled twin of a pure-Python definition, with equal results on equal inputs:
+
+- ``chain_hashes``: ``block_hash.chain_hashes`` (CPython's tuple hash of ``(parent, tuple(block))``, chained),
+  computed without building the tuples: the same xxHash-style mix CPython's ``tuplehash`` runs, over the same
+  per-item hashes (``PyObject_Hash`` of each token id, CPython's ``int`` hash of the parent);
+- ``overlap_walk``: the walk of ``PrefixIndex.overlap`` over the ``held`` / ``predicted`` tables (hash -> bitmask of
+  slots), with masks of up to 64 slots as C integers;
+- ``store_precise`` / ``remove``: ``PrefixIndex.stored`` (precise workers) and ``PrefixIndex.removed``.
+
+``native.py`` checks ``chain_hashes`` against the Python definition at import and falls back to pure Python on any
+difference (another interpreter's tuple hash) or when this module is missing.
+"""
+
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_DelItem
+from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_GET_SIZE
+from cpython.long cimport PyLong_FromSsize_t, PyLong_FromUnsignedLongLong, PyLong_AsUnsignedLongLong
+from cpython.object cimport PyObject, PyObject_Hash
+from cpython.ref cimport Py_INCREF
+from libc.stdint cimport uint64_t, int64_t
+
+cdef extern from "Python.h":
+    ctypedef Py_ssize_t Py_hash_t
+    ctypedef size_t Py_uhash_t
+    object PySequence_Fast(object o, const char* m)
+    Py_ssize_t PySequence_Fast_GET_SIZE(object o)
+    PyObject** PySequence_Fast_ITEMS(object o)
+    PyObject* PyList_GET_ITEM(object l, Py_ssize_t i)
+
+cdef Py_uhash_t XXPRIME_1 = 11400714785074694791ULL
+cdef Py_uhash_t XXPRIME_2 = 14029467366897019727ULL
+cdef Py_uhash_t XXPRIME_5 = 2870177450012600261ULL
+cdef uint64_t MODULUS = (<uint64_t>1 << 61) - 1
+
+
+cdef inline Py_hash_t int_hash(int64_t v) noexcept:
+    """CPython's hash of an int in the int64 range (reduced modulo 2**61 - 1, sign kept, -1 -> -2)."""
+    cdef uint64_t a
+    cdef Py_hash_t r
+    if v < 0:
+        a = (<uint64_t>0 - <uint64_t>v) % MODULUS
+        r = -<Py_hash_t>a
+    else:
+        r = <Py_hash_t>(<uint64_t>v % MODULUS)
+    if r == -1:
+        r = -2
+    return r
+
+
+cdef inline Py_uhash_t mix(Py_uhash_t acc, Py_uhash_t lane) noexcept:
+    acc += lane * XXPRIME_2
+    acc = (acc << 31) | (acc >> 33)
+    return acc * XXPRIME_1
+
+
+cdef inline Py_hash_t finish(Py_uhash_t acc, Py_ssize_t length) noexcept:
+    acc += (<Py_uhash_t>length) ^ (XXPRIME_5 ^ 3527539UL)
+    if acc == <Py_uhash_t>-1:
+        return 1546275796
+    return <Py_hash_t>acc
+
+
+def tuple_hash_constants_ok():
+    """Whether the mix above is this interpreter's tuple hash (checked on a few tuples of ints)."""
+    cdef Py_uhash_t acc
+    for t in ((), (1,), (1, 2, 3), (-1, 2**40, -(2**62)), tuple(range(16))):
+        acc = XXPRIME_5
+        for item in t:
+            acc = mix(acc, <Py_uhash_t>PyObject_Hash(item))
+        if finish(acc, len(t)) != hash(t):
+            return False
+    return True
+
+
+def chain_hashes(token_ids, Py_ssize_t block_size, int64_t parent):
+    """``[h := hash((h, tuple(block))) for each full block of token_ids]``, from ``h = parent``."""
+    cdef object seq = PySequence_Fast(token_ids, "token ids must be a sequence")
+    cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq)
+    cdef PyObject** items = PySequence_Fast_ITEMS(seq)
+    cdef Py_ssize_t blocks = n // block_size
+    cdef Py_ssize_t b, i, base
+    cdef Py_uhash_t inner, outer
+    cdef Py_hash_t lane
+    cdef int64_t h = parent
+    cdef list out = PyList_New(blocks)
+    cdef object value
+    for b in range(blocks):
+        inner = XXPRIME_5
+        base = b * block_size
+        for i in range(block_size):
+            lane = PyObject_Hash(<object>items[base + i])
+            if lane == -1:
+                raise TypeError("unhashable token id")
+            inner = mix(inner, <Py_uhash_t>lane)
+        outer = mix(XXPRIME_5, <Py_uhash_t>int_hash(h))
+        outer = mix(outer, <Py_uhash_t>finish(inner, block_size))
+        h = finish(outer, 2)
+        value = PyLong_FromSsize_t(h)
+        Py_INCREF(value)
+        PyList_SET_ITEM(out, b, value)
+    return out
+
+
+cdef inline uint64_t mask_of(PyObject* found) except? 0xFFFFFFFFFFFFFFFF:
+    if found == NULL:
+        return 0
+    return PyLong_AsUnsignedLongLong(<object>found)
+
+
+def overlap_walk(dict held, dict predicted, list hashes, uint64_t current):
+    """The prefix walk of ``PrefixIndex.overlap`` from block 1, ``current`` being the slots that hold block 0 (not 0).
+
+    Returns ``[(slots that stop, leading blocks they hold), ...]`` in the order the Python walk credits them; the
+    slots still matching at the end come last with ``len(hashes)``. ``predicted`` may be empty."""
+    cdef Py_ssize_t n = PyList_GET_SIZE(hashes)
+    cdef Py_ssize_t position
+    cdef uint64_t mask
+    cdef bint with_predicted = len(predicted) > 0
+    cdef list out = []
+    cdef object h
+    for position in range(1, n):
+        h = <object>PyList_GET_ITEM(hashes, position)
+        mask = mask_of(PyDict_GetItem(held, h))
+        if with_predicted:
+            mask |= mask_of(PyDict_GetItem(predicted, h))
+        mask &= current
+        if mask != current:
+            out.append((current & ~mask, position))
+            current = mask
+            if current == 0:
+                return out
+    out.append((current, n))
+    return out
+
+
+def store_precise(dict held, dict lru, hashes, uint64_t bit, object no_expiry):
+    """``PrefixIndex.stored``'s loop for a precise worker of slot bit ``bit``: each hash marked held and moved to the
+    end of the worker's LRU."""
+    cdef object seq = PySequence_Fast(hashes, "hashes must be a sequence")
+    cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq)
+    cdef PyObject** items = PySequence_Fast_ITEMS(seq)
+    cdef Py_ssize_t i
+    cdef uint64_t mask
+    cdef object h
+    for i in range(n):
+        h = <object>items[i]
+        mask = mask_of(PyDict_GetItem(held, h))
+        if mask & bit:
+            PyDict_DelItem(lru, h)
+        else:
+            PyDict_SetItem(held, h, PyLong_FromUnsignedLongLong(mask | bit))
+        PyDict_SetItem(lru, h, no_expiry)
+
+
+def remove(dict held, dict lru, hashes, uint64_t bit):
+    """``PrefixIndex.removed``'s loop: each hash the worker's LRU has is dropped from it and its bit cleared."""
+    cdef object seq = PySequence_Fast(hashes, "hashes must be a sequence")
+    cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq)
+    cdef PyObject** items = PySequence_Fast_ITEMS(seq)
+    cdef Py_ssize_t i
+    cdef uint64_t mask
+    cdef object h
+    cdef uint64_t keep = ~bit
+    for i in range(n):
+        h = <object>items[i]
+        if PyDict_GetItem(lru, h) == NULL:
+            continue
+        PyDict_DelItem(lru, h)
+        mask = mask_of(PyDict_GetItem(held, h)) & keep
+        if mask:
+            PyDict_SetItem(held, h, PyLong_FromUnsignedLongLong(mask))
+        else:
+            PyDict_DelItem(held, h)

@@ -1,0 +1,135 @@
+"""The compiled KV routing core (``routing/kv/_kvcore.pyx``) against its pure-Python twins, on the same inputs.
+
+``scripts/setup.sh`` builds it (``scripts/build_native.sh``); these tests fail when it is not built, unless
+``LITELLM_DISAGG_PURE_PYTHON`` is set (a deliberately pure-Python run). Without it the package still imports and
+routes (checked in a subprocess that cannot import the extension).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+
+from litellm_disagg.routing.kv import block_hash, native, prefix_index
+from litellm_disagg.routing.kv.block_hash import ROOT, chain_hashes, chain_hashes_py, root_hash
+from litellm_disagg.routing.kv.prefix_index import PrefixIndex
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get(native.DISABLE_ENV, "") not in ("", "0"), reason="pure-Python run requested"
+)
+
+
+def test_the_compiled_core_is_built_and_in_use() -> None:
+    assert native.NATIVE, f"compiled KV routing core not in use: {native.WHY} (run scripts/build_native.sh)"
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 16, 64])
+def test_block_hashes_equal_the_python_definition(block_size: int) -> None:
+    rng = random.Random(block_size)
+    parents = [ROOT, root_hash("lora-a"), 0, -1, -2, 2**61 - 2, 2**61 - 1, 2**61, -(2**61) + 1, -(2**63), 2**63 - 1]
+    for n in (0, 1, block_size - 1, block_size, block_size + 1, 8192 + 7, 1000):
+        tokens = [rng.randrange(-(2**63), 2**63) if rng.random() < 0.05 else rng.randrange(200_000) for _ in range(n)]
+        for parent in parents + [rng.getrandbits(64) - 2**63 for _ in range(4)]:
+            expected = chain_hashes_py(tokens, block_size, parent)
+            assert chain_hashes(tokens, block_size, parent) == expected
+            assert chain_hashes(tuple(tokens), block_size, parent) == expected
+            assert chain_hashes(iter(tokens), block_size, parent) == expected  # type: ignore[arg-type]
+    # Ids that are Python ints of any size, and parents outside the compiled range (the Python path serves those).
+    odd = [0, 2**64, -(2**70), 2**61 - 1, -1, True, 7] * 5
+    assert chain_hashes(odd, 5) == chain_hashes_py(odd, 5)
+    assert chain_hashes(odd, 5, parent=2**70) == chain_hashes_py(odd, 5, 2**70)
+
+
+def _random_ops(seed: int, n_workers: int) -> list[tuple[str, str, list[int]]]:
+    """Stores (chained prefixes, shared and private), removals, routed predictions and clears over ``n_workers``."""
+    rng = random.Random(seed)
+    docs = [chain_hashes_py([rng.randrange(1000) for _ in range(16 * 40)], 16) for _ in range(6)]
+    ops: list[tuple[str, str, list[int]]] = []
+    for _ in range(600):
+        wid = f"w{rng.randrange(n_workers)}"
+        doc = rng.choice(docs)
+        kind = rng.choices(["stored", "removed", "routed", "cleared", "private"], [40, 25, 15, 2, 18])[0]
+        if kind == "stored":
+            ops.append(("stored", wid, doc[: rng.randrange(1, len(doc))]))
+        elif kind == "private":
+            ops.append(("stored", wid, [rng.getrandbits(63) for _ in range(rng.randrange(1, 30))]))
+        elif kind == "removed":
+            start = rng.randrange(len(doc))
+            ops.append(("removed", wid, doc[start : start + rng.randrange(1, 12)]))
+        elif kind == "routed":
+            ops.append(("routed", wid, doc[: rng.randrange(1, len(doc))]))
+        else:
+            ops.append(("cleared", wid, []))
+    return ops
+
+
+def _run(ops: list[tuple[str, str, list[int]]], n_workers: int, queries: list[list[int]]) -> object:
+    clock = iter(range(10**9))
+    index = PrefixIndex(clock=lambda: float(next(clock)))
+    for i in range(n_workers):
+        # Some approximate workers (their stores take the Python path in both runs), most precise.
+        index.add_worker(f"w{i}", capacity_blocks=150, ttl_s=1e6 if i % 5 == 4 else None)
+    overlaps = []
+    for step, (kind, wid, hashes) in enumerate(ops):
+        if kind == "stored":
+            index.stored(wid, hashes)
+        elif kind == "removed":
+            index.removed(wid, iter(hashes) if step % 2 else hashes)
+        elif kind == "routed":
+            index.record_routed(wid, hashes)
+        else:
+            index.cleared(wid)
+        if step % 7 == 0:
+            overlaps.append([index.overlap(q) for q in queries])
+        if step % 50 == 0:
+            index.maintain(max_items=40)
+    slots = [
+        None if s is None else (s.worker_id, list(s.held.items()), list(s.predicted.items()))
+        for s in index._slots
+    ]
+    return overlaps, dict(index._held), dict(index._predicted), slots, index.stats()
+
+
+@pytest.mark.parametrize(("seed", "n_workers"), [(1, 4), (2, 40), (3, 70)])
+def test_prefix_index_is_the_same_compiled_or_not(seed: int, n_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same operations and queries, with and without the compiled loops: equal answers, equal state (LRU order
+    included). 70 workers: past 64 slots the index takes the Python path itself."""
+    assert native.NATIVE, native.WHY
+    ops = _random_ops(seed, n_workers)
+    rng = random.Random(seed)
+    queries = [op[2] for op in rng.sample(ops, 20) if op[2]] + [[rng.getrandbits(63)], []]
+    compiled = _run(ops, n_workers, queries)
+    with monkeypatch.context() as m:
+        m.setattr(prefix_index, "_native", None)
+        m.setattr(block_hash, "_native", None)
+        pure = _run(ops, n_workers, queries)
+    assert compiled == pure
+    assert any(any(o) for o in compiled[0])  # the queries found something
+
+
+def test_the_package_routes_without_the_extension() -> None:
+    """A process that cannot import ``_kvcore`` (as on a machine where it was never built) falls back to Python."""
+    code = (
+        "import sys; sys.modules['litellm_disagg.routing.kv._kvcore'] = None\n"
+        "from litellm_disagg.routing.kv import native\n"
+        "from litellm_disagg.routing.kv.block_hash import PromptBlocks, chain_hashes_py\n"
+        "from litellm_disagg.routing.kv.prefix_index import PrefixIndex\n"
+        "assert not native.NATIVE and 'not built' in native.WHY, native.WHY\n"
+        "p = PromptBlocks(list(range(64)))\n"
+        "i = PrefixIndex(); i.add_worker('w', capacity_blocks=10); i.stored('w', p.hashes(16))\n"
+        "assert p.hashes(16) == chain_hashes_py(list(range(64)), 16) and i.overlap(p.hashes(16)) == {'w': 4}\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_the_environment_switch_disables_it() -> None:
+    code = "from litellm_disagg.routing.kv import native; print(native.NATIVE, native.WHY)"
+    env = {**os.environ, native.DISABLE_ENV: "1"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=False)
+    assert done.stdout.startswith("False disabled"), done.stderr
