@@ -54,9 +54,25 @@ class DesiredHook:
         self.command = tuple(command)
         self.timeout_s = timeout_s
         self._last: dict[str, HookCall] = {}
+        self._one_at_a_time = asyncio.Lock()
+        self._background: set[asyncio.Task[int | None]] = set()
 
     def changed(self, call: HookCall) -> bool:
         return self._last.get(call.desired.model) != call
+
+    def submit(self, call: HookCall) -> None:
+        """``run`` in the background (the planner's step does not wait for the hook); runs keep their order."""
+        if not self.changed(call):
+            return
+        self._last[call.desired.model] = call
+        task = asyncio.create_task(self._run_in_turn(call), name="litellm-disagg-planner-hook")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def aclose(self) -> None:
+        """Wait for the runs already submitted (each is bounded by ``timeout_s``)."""
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
 
     async def run(self, call: HookCall) -> int | None:
         """Run the hook for ``call`` if it differs from the last call for that model; the exit status (None: not
@@ -64,6 +80,13 @@ class DesiredHook:
         if not self.changed(call):
             return None
         self._last[call.desired.model] = call
+        return await self._run_in_turn(call)
+
+    async def _run_in_turn(self, call: HookCall) -> int | None:
+        async with self._one_at_a_time:
+            return await self._exec(call)
+
+    async def _exec(self, call: HookCall) -> int | None:
         argv = call.argv(self.command)
         try:
             proc = await asyncio.create_subprocess_exec(

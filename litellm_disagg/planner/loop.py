@@ -148,7 +148,7 @@ class PlannerLoop:
         for decision in step.decisions:
             self.report.decided(decision, signals.model(decision.model))
             if self.hook is not None:
-                await self.hook.run(HookCall(decision.desired, decision.drain))
+                self.hook.submit(HookCall(decision.desired, decision.drain))
         self.last_step = step
         self.steps += 1
         return step
@@ -191,6 +191,8 @@ class PlannerLoop:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.hook is not None:
+            await self.hook.aclose()
         with contextlib.suppress(Exception):
             await self.lock.release()
         self._leader = False

@@ -8,6 +8,7 @@ import asyncio
 from pathlib import Path
 
 import litellm
+from prometheus_client import REGISTRY
 
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
@@ -53,11 +54,11 @@ async def test_controller_runs_the_planner_which_requests_a_role_change(tmp_path
             if (tmp_path / "registry" / "pp-d1.role.json").exists():
                 break
             await asyncio.sleep(0.1)
-        assert loop.leader and m.PLANNER_ENABLED._value.get() == 1  # type: ignore[attr-defined]
+        assert loop.leader and REGISTRY.get_sample_value("litellm_disagg_planner_enabled") == 1
         requests = [r async for r in _first(writer.role_requests("pp-d1"))]
         assert requests[0] is not None and requests[0].role is WorkerRole.PREFILL
         await controller.stop()
-        assert controller.planner_loop is None and m.PLANNER_ENABLED._value.get() == 0  # type: ignore[attr-defined]
+        assert controller.planner_loop is None and REGISTRY.get_sample_value("litellm_disagg_planner_enabled") == 0
     finally:
         if plugin.controller is not None:
             await plugin.controller.stop()

@@ -204,6 +204,30 @@ async def test_hook_runs_with_the_desired_sizes_once_per_change(tmp_path: Path) 
                     {"argv": ["m; rm -rf /", "1", "3", "0"], "drain": None, "total": "4"}]
 
 
+async def test_the_loop_runs_the_hook_in_the_background_in_order(tmp_path: Path) -> None:
+    out, gate = tmp_path / "hook.txt", tmp_path / "gate"
+    script = ("import os, sys, time\n"
+              "while not os.path.exists(sys.argv[2]): time.sleep(0.02)\n"
+              "open(sys.argv[1], 'a').write(' '.join(sys.argv[3:]) + '\\n')")
+    registry = MemoryRegistry([worker("p0", "prefill"), worker("d0", "decode"), worker("d1", "decode")])
+    latency, clock = DrivenLatency(), Clock()
+    s = settings(hysteresis_steps=1)
+    loop = PlannerLoop(s, registry, SignalCollector(s, latency), FileLock(tmp_path / LOCK_FILE), clock=clock,
+                       hook=DesiredHook([sys.executable, "-c", script, str(out), str(gate)], timeout_s=60))
+    try:
+        for i in range(3):        # baseline; d0 -> prefill (wants [2, 1, 0]); d1 is the last decode worker: [3, 1, 0]
+            latency.observe(ttft_s=3.0, itl_s=0.01)
+            clock.now += 1
+            await loop.tick()
+            if i == 1:
+                registry.follow()
+        assert not out.exists()   # the steps did not wait for the hook (it waits for the gate)
+    finally:
+        gate.touch()
+        await loop.stop()         # waits for the runs already submitted
+    assert out.read_text().splitlines() == [f"{MODEL} 2 1 0", f"{MODEL} 3 1 0"]
+
+
 async def test_hook_that_hangs_is_killed(tmp_path: Path) -> None:
     hook = DesiredHook([sys.executable, "-c", "import time; time.sleep(60)"], timeout_s=0.5)
     assert await hook.run(HookCall(DesiredPools("m", 1, 1, 0))) is None
