@@ -63,6 +63,10 @@ class ClusterConfig:
     signal_window_s: float = 10.0
     """The latency windows the planner sees (requests finished in the last ``signal_window_s``)."""
     seed: int = 0
+    prefill_side_ttft: bool = False
+    """The TTFT window the planner sees: False, each request's TTFT (what ``ModelSignals.ttft`` is defined as);
+    True, for disaggregated requests only the prefill's part (arrival to prompt computed on the prefill worker), so
+    waits on the decode side (pulls queued for decode KV) do not read as prefill pressure. An experiment."""
 
 
 @dataclass(frozen=True)

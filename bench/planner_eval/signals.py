@@ -30,7 +30,10 @@ def collect(cluster: Cluster, now: float) -> ClusterSignals:
     for req in reversed(cluster.requests):
         if req.arrival < since - 600:
             break  # requests are in arrival order; none this old finished in the window
-        if req.first_token is not None and req.first_token >= since:
+        if cluster.config.prefill_side_ttft and req.remote and req.prefill_done is not None:
+            if req.prefill_done >= since:
+                ttft.append((req.prefill_done - req.arrival) * 1e3)
+        elif req.first_token is not None and req.first_token >= since:
             ttft.append((req.first_token - req.arrival) * 1e3)
         if req.finish is not None and req.finish >= since and req.output >= 2:
             itl.append((req.finish - req.first_token) / (req.output - 1) * 1e3)  # type: ignore[operator]

@@ -1,0 +1,95 @@
+"""``python -m bench.planner_eval``: goodput per phase and arm, the phase-shift timeline, tables and PNGs.
+
+    .venv/bin/python -m bench.planner_eval                  # the figures in docs/planner-evaluation.md (~10 min, 2 cores)
+    .venv/bin/python -m bench.planner_eval --quick           # a small version (one seed, short runs)
+
+Deterministic: the same seeds give the same tables (simulated time; nothing depends on the machine's speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.planner_eval import plots, report
+from bench.planner_eval.arms import all_arms, one_to_one
+from bench.planner_eval.cluster import ClusterConfig
+from bench.planner_eval.goodput import SearchSettings
+from bench.planner_eval.run import goodput_table, shift_timeline
+from bench.planner_eval.slo import Slo
+from bench.planner_eval.workload import PHASES, Segment
+
+PLANNERS = ("planner", "planner (fast)", "planner (fast, prefill TTFT)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.planner_eval", description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--ttft-s", type=float, default=Slo.ttft_s)
+    ap.add_argument("--itl-ms", type=float, default=Slo.itl_s * 1e3)
+    ap.add_argument("--phase-s", type=float, default=120.0, help="length of each phase in the shift timeline")
+    ap.add_argument("--quick", action="store_true", help="one seed, shorter runs, coarser search")
+    ap.add_argument("--img-dir", type=Path, default=Path("docs/img"))
+    ap.add_argument("--json", type=Path, default=Path("bench/results/planner_eval.json"))
+    ap.add_argument("--no-timeline", action="store_true")
+    args = ap.parse_args(argv)
+
+    seeds = [int(s) for s in args.seeds.split(",")]
+    search = SearchSettings()
+    if args.quick:
+        seeds = seeds[:1]
+        search = SearchSettings(duration_s=45.0, warmup_s=15.0, rel_tol=0.1)
+        args.phase_s = min(args.phase_s, 60.0)
+    slo = Slo(ttft_s=args.ttft_s, itl_s=args.itl_ms / 1e3)
+    config = ClusterConfig(workers=args.workers)
+    arm_names = [a.name for a in all_arms(slo, config)]
+    started = time.monotonic()
+
+    cells = goodput_table(PHASES, arm_names, seeds, slo, config, search, jobs=args.jobs)
+    print(f"## Goodput (TTFT <= {slo.ttft_s:g} s, ITL <= {slo.itl_s * 1e3:g} ms, {args.workers} workers)\n")
+    print(report.goodput_markdown(cells, PHASES, args.workers, PLANNERS))
+    print("\n### Every static split\n")
+    print(report.sweep_markdown(cells, PHASES, args.workers))
+    for planner in PLANNERS:
+        print(f"\n### Targets: {planner}\n")
+        print(report.targets_markdown(cells, PHASES, args.workers, planner))
+
+    out: dict[str, object] = {"slo": asdict(slo), "seeds": seeds, "goodput": [asdict(c) for c in cells]}
+    args.img_dir.mkdir(parents=True, exist_ok=True)
+    plots.goodput_plot(cells, PHASES, arm_names, args.img_dir / "planner_goodput.png")
+
+    if not args.no_timeline:
+        rates = {}
+        for phase in PHASES:
+            best = report.best_static(cells, phase, args.workers)
+            rates[phase] = 0.8 * statistics.median(c.rate for c in cells if c.phase == phase and c.arm == best)
+        segments = [Segment(p, round(rates[p], 2), args.phase_s) for p in PHASES]
+        first_best = report.best_static(cells, PHASES[0], args.workers)
+        arms = ["aggregated", one_to_one(args.workers)]
+        arms += [first_best] if first_best not in arms else []
+        arms += list(PLANNERS)
+        timelines = shift_timeline(arms, segments, seeds, slo, config, jobs=args.jobs)
+        rates_text = ", ".join(f"{s.phase} {s.rate:g} req/s" for s in segments)
+        print(f"\n## Phase shifts ({args.phase_s:g} s each: {rates_text}; 0.8x each phase's best static goodput)\n")
+        print(report.timeline_markdown(timelines, PHASES))
+        plots.timeline_plot(timelines, segments, seeds[0], args.img_dir / "planner_timeline.png")
+        out["timeline"] = [
+            {"arm": t.arm, "seed": t.seed, "phase_attainment": t.phase_attainment, "recovery_s": t.recovery_s,
+             "moves": t.moves, "points": [asdict(p) for p in t.points], "pools": [asdict(p) for p in t.pools]}
+            for t in timelines
+        ]
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=1))
+    print(f"\n(plots in {args.img_dir}, data in {args.json}; {time.monotonic() - started:.0f} s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
