@@ -133,3 +133,36 @@ def test_the_environment_switch_disables_it() -> None:
     env = {**os.environ, native.DISABLE_ENV: "1"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=False)
     assert done.stdout.startswith("False disabled"), done.stderr
+
+
+def test_kv_cost_scorer_equals_the_per_worker_definition() -> None:
+    """``KVCostScorer.costs`` (written out for speed) against ``kv_cost`` per worker, on random loads and caches."""
+    from litellm_disagg.routing.kv.load_scraper import ScrapedLoad
+    from litellm_disagg.routing.pipeline.context import ScoringContext, WorkerLoad
+    from litellm_disagg.routing.pipeline.profile import CostWeights
+    from litellm_disagg.routing.pipeline.scorers.kv_cost import KVCostScorer, kv_cost
+    from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole
+
+    rng = random.Random(7)
+    workers = [
+        RuntimeConfig(
+            worker_id=f"w{i}", model="m", role=WorkerRole.BOTH, base_url=f"http://127.0.0.1:{9000 + i}/v1",
+            transfer=VllmNixlTransfer(host="127.0.0.1", port=5600), kv_capacity_blocks=rng.choice([0, 100, 4096]),
+            block_size=rng.choice([1, 16, 32]),
+        )
+        for i in range(40)
+    ]
+    for _ in range(30):
+        prompt = rng.choice([0, 1, 17, 8192])
+        loads = {
+            w.worker_id: WorkerLoad(
+                w.worker_id, w.kv_capacity_blocks, rng.randrange(5), rng.randrange(3000), rng.randrange(200),
+                ScrapedLoad(running=rng.randrange(4), waiting=rng.randrange(4), kv_usage=rng.random(),
+                            stale=rng.random() < 0.3),
+            )
+            for w in workers if rng.random() < 0.8  # some without a snapshot
+        }
+        ctx = ScoringContext(prompt, {w.worker_id: rng.randrange(prompt + 40) for w in workers if rng.random() < 0.5},
+                             loads)
+        weights = CostWeights(prefill=rng.random() * 2, decode=rng.choice([0.0, 1.0]), active=rng.random())
+        assert KVCostScorer(weights).costs(ctx, workers) == {w.worker_id: kv_cost(ctx, w, weights) for w in workers}

@@ -45,8 +45,27 @@ class KVCostScorer:
         self.weights = weights
 
     def costs(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, CostTerms]:
+        """``{worker_id: kv_cost(ctx, worker, weights)}``, written out (the same arithmetic in the same order; no call
+        and no Python-level named-tuple constructor per candidate: dozens run per decision)."""
         weights = self.weights
-        return {w.worker_id: kv_cost(ctx, w, weights) for w in candidates}
+        w_prefill, w_decode, w_active = weights.prefill, weights.decode, weights.active
+        prompt_tokens = ctx.prompt_tokens
+        cached = ctx.cached_tokens.get
+        loads = ctx.loads.get
+        make = tuple.__new__
+        out: dict[str, CostTerms] = {}
+        for worker in candidates:
+            wid = worker.worker_id
+            size = worker.block_size
+            load = loads(wid) or WorkerLoad(wid, worker.kv_capacity_blocks)
+            left = prompt_tokens - cached(wid, 0)
+            uncached = -(-(left if left > 0 else 0) // size)  # max(0, left), ceil-divided
+            queued = -(-load.inflight_prefill_tokens // size)
+            used = load.used_blocks
+            active = load.active_requests
+            total = w_prefill * (uncached + queued) + w_decode * used + w_active * active
+            out[wid] = make(CostTerms, (uncached, queued, used, active, total))
+        return out
 
     def score(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, float]:
         return self.scores_of(self.costs(ctx, candidates))
