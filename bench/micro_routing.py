@@ -26,7 +26,9 @@ Ingestion: vLLM-encoded KV event batches (msgpack bytes, as on the wire) for the
 a real ZMQ PUB -> SUB pair on 127.0.0.1 (``KVEventSubscriber``). Rates are block events per second (each stored
 or removed block counts one).
 
-Figures depend on the machine and on what else runs on it: compare runs on one machine.
+Figures depend on the machine and on what else runs on it: compare runs on one machine. The compiled core of KV
+routing (``scripts/build_native.sh``) is used when built; ``LITELLM_DISAGG_PURE_PYTHON=1`` runs the pure-Python paths
+(the first line printed says which).
 """
 
 from __future__ import annotations
@@ -596,7 +598,10 @@ def main() -> None:
     parser.add_argument("--skip-decisions", action="store_true")
     parser.add_argument("--skip-ingestion", action="store_true")
     args = parser.parse_args()
+    from litellm_disagg.routing.kv import native
+
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    print(f"compiled KV routing core: {'in use' if native.NATIVE else 'not in use (' + native.WHY + ')'}")
     if not args.skip_decisions:
         asyncio.run(bench_decisions(args))
     if not args.skip_ingestion:
