@@ -32,6 +32,7 @@ from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.observability.serve import MetricsServer, serve
 from litellm_disagg.routing.controller import DisaggController
 from litellm_disagg.routing.deployments import worker_id_of
+from litellm_disagg.routing.migration import Migrator, record_client_wants_token_ids
 from litellm_disagg.routing.request import record_call_type, strip_transfer_params
 from litellm_disagg.settings import DisaggSettings
 
@@ -51,6 +52,8 @@ class DisaggPlugin(CustomLogger):
         self._follower: asyncio.Task[None] | None = None
         self.metrics_server: MetricsServer | None = None
         """Our own metrics port (``metrics.port``), when configured; LiteLLM's ``/metrics`` needs none."""
+        self.migrator: Migrator | None = None
+        """Continues streams broken mid-answer on another decode worker (``routing/migration.py``), when enabled."""
         # Inside the proxy (which has imported its server module and runs a loop), follow its router; anywhere else
         # (tests, scripts, an SDK Router) call attach() yourself.
         if "litellm.proxy.proxy_server" not in sys.modules:
@@ -70,8 +73,15 @@ class DisaggPlugin(CustomLogger):
             litellm.callbacks.append(self)
         if self.controller is not None:
             await self.controller.stop()
+        await self._close_migrator()
         self.controller = DisaggController(router, settings, registry or make_registry(settings.registry))
         await self.controller.start()
+        if settings.migration.enabled:
+            c = self.controller
+            self.migrator = Migrator(
+                settings.migration, pool=lambda: c.pool, planner=c.planner, cooldown=c.cooldown, accounting=c.accounting
+            )
+            c.strategy.ask_token_ids = True
         DisaggPlugin._controllers.add(self.controller)
         return self.controller
 
@@ -90,6 +100,12 @@ class DisaggPlugin(CustomLogger):
         if self.metrics_server is not None:
             self.metrics_server.close()
             self.metrics_server = None
+        await self._close_migrator()
+
+    async def _close_migrator(self) -> None:
+        if self.migrator is not None:
+            await self.migrator.aclose()
+            self.migrator = None
 
     async def _follow_proxy(self) -> None:
         from litellm.proxy import proxy_server
@@ -116,6 +132,7 @@ class DisaggPlugin(CustomLogger):
         if found:
             logger.warning("dropped client-supplied %s", ", ".join(found))
         record_call_type(data, str(call_type))
+        record_client_wants_token_ids(data)
         if self.controller is not None:
             self.controller.keep_installed()
         return data
@@ -127,7 +144,10 @@ class DisaggPlugin(CustomLogger):
         # the last chunk only): the first chunk ends the prompt's queued tokens and gives the time to first token,
         # each next one an inter-token gap. A dict lookup per live controller per chunk.
         call_id = request_data.get("litellm_call_id") if isinstance(request_data, dict) else None
-        async for chunk in response:
+        stream = response
+        if self.migrator is not None and isinstance(request_data, dict):  # continues a stream broken mid-answer
+            stream = self.migrator.resilient(response, request_data)
+        async for chunk in stream:
             if isinstance(call_id, str):
                 for controller in list(DisaggPlugin._controllers):
                     controller.streamed(call_id, last=False)

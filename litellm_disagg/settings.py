@@ -22,6 +22,7 @@ from litellm_disagg.observability.tracing import TracingSettings
 from litellm_disagg.planner.settings import PlannerSettings
 from litellm_disagg.routing.admission import AdmissionSettings
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
+from litellm_disagg.routing.migration_settings import MigrationSettings
 
 
 def _registry_backend(value: Any) -> str:
@@ -60,6 +61,8 @@ class DisaggSettings(BaseModel):
     """KV-aware selection and conditional disaggregation (see litellm_disagg/routing/kv/README.md); off by default."""
     tracing: TracingSettings = Field(default_factory=TracingSettings)
     """OpenTelemetry spans per request phase (``observability/tracing.py``, docs/observability.md); off by default."""
+    migration: MigrationSettings = Field(default_factory=MigrationSettings)
+    """Request migration: a stream broken mid-answer continues on another decode worker (``routing/migration.py``)."""
     failure_cooldown_s: Annotated[float, Field(ge=0)] = 5.0
     """A worker whose call just failed (unreachable, 5xx, timeout) gets no new work for this long, unless it is the
     only one. Bridges the gap between a crash and discovery noticing it."""

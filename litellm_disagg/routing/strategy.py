@@ -19,6 +19,7 @@ from litellm.types.router import CustomRoutingStrategyBase
 from litellm_disagg.routing.accounting import Accounting, FlightKey
 from litellm_disagg.routing.deployments import worker_id_of
 from litellm_disagg.routing.errors import client_error, unavailable
+from litellm_disagg.routing.migration import TOKEN_ID_ENGINES
 from litellm_disagg.routing.orchestrator import NoPrefillAvailable, Orchestrator
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.request import DisaggRequest, strip_transfer_params
@@ -48,6 +49,9 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         self._accounting = accounting
         self.requests: RequestMetrics | None = None
         """Per-request metrics (``observability/requests.py``); the controller sets it."""
+        self.ask_token_ids = False
+        """Ask vLLM decode workers for ``return_token_ids`` (request migration continues from them); the plugin sets
+        it when migration is on."""
 
     # -- installation ------------------------------------------------------------------------------------------------
 
@@ -142,6 +146,8 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         if self.requests is not None:
             self.requests.routed(call_id, plan, outcome, started=started, selection_s=selection_s)
         request_kwargs.update(outcome.decode_fields)
+        if self.ask_token_ids and request_kwargs.get("stream") and decode.engine in TOKEN_ID_ENGINES:
+            request_kwargs["return_token_ids"] = True
         headers = dict(request_kwargs.get("extra_headers") or {})
         headers["X-Request-Id"] = request.request_id
         request_kwargs["extra_headers"] = headers
