@@ -79,7 +79,8 @@ class DisaggPlugin(CustomLogger):
         if settings.migration.enabled:
             c = self.controller
             self.migrator = Migrator(
-                settings.migration, pool=lambda: c.pool, planner=c.planner, cooldown=c.cooldown, accounting=c.accounting
+                settings.migration, pool=lambda: c.pool, planner=c.planner, cooldown=c.cooldown, accounting=c.accounting,
+                api_key=getattr(getattr(c, "worker_key", None), "value", None),  # the workers' key, when they need one
             )
             c.strategy.ask_token_ids = True
         DisaggPlugin._controllers.add(self.controller)
