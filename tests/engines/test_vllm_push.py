@@ -67,6 +67,11 @@ def test_the_prefill_answer_is_checked_against_the_published_engine_and_the_hand
     protocol = VllmNixlPushProtocol()
     ticket = protocol.open_transfer(prefill=PUSH_P, decode=PUSH_D, request_id="r1")
     assert protocol.parse_prefill(answer(), prefill=PUSH_P, handle=ticket) is ticket
+    # vLLM 0.32 adds remote_prefill_cached_tokens when the prefill had prefix-cache hits (seen on real workers).
+    cached = answer()
+    cached["kv_transfer_params"]["remote_prefill_cached_tokens"] = 16
+    assert protocol.parse_prefill(cached, prefill=PUSH_P, handle=ticket) is ticket
+    assert VllmNixlProtocol().parse_prefill(cached, prefill=PUSH_P).remote_prefill_cached_tokens == 16
     for bad in (answer(engine_id="prefill-5600-other"), answer(host="10.6.6.6"), {"choices": []},
                 {"kv_transfer_params": {"do_remote_prefill": False}}):
         with pytest.raises(InvalidTransfer):

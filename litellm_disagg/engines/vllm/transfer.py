@@ -75,6 +75,8 @@ class KVTransferParams(BaseModel, TransferHandle):
     remote_blocks_expiry_time: StrictFloat | StrictInt | None = None
     remote_block_size: _Count | None = None
     transfer_mode: Annotated[StrictStr, Field(max_length=32)] | None = None
+    remote_prefill_cached_tokens: Annotated[StrictInt, Field(ge=0)] | None = None
+    """Added by vLLM 0.32's scheduler (``_free_request``) when the prefill had prefix-cache hits."""
 
     def for_decode(self) -> dict[str, Any]:
         """The dict to send as the decode request's top-level ``kv_transfer_params``, exactly as received."""
