@@ -4,6 +4,10 @@ One prefill worker, one decode worker (each a ``litellm-disagg worker`` process 
 with ``proxy_config.yaml``, sharing a fresh file registry, under a ``Supervisor``: a part that dies is restarted (with
 backoff, logged) while the others keep serving (the proxy serves aggregated while the prefill worker is gone). Prints
 the base URL, the key and an OpenAI SDK example; only Ctrl-C or SIGTERM stops everything (workers drain).
+
+With KV-aware routing on in the config (the shipped one has it on), the workers publish KV events (``--kv-events-port``)
+for the router's precise prefix index, and the proxy runs the config completed with the model's directory for its
+tokenizer (``stack_config.py``; written to the run's log directory).
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import httpx
 
 from litellm_disagg.discovery.file.settings import ENV_REGISTRY_DIR
 from litellm_disagg.processes import wait_until
+from litellm_disagg.stack_config import write_stack_config
 from litellm_disagg.supervisor import ChildSpec, Supervisor
+from litellm_disagg.workers.wrapper import free_port
 
 STATE_DIR = Path.home() / ".cache" / "litellm-disagg"
 
@@ -52,10 +58,14 @@ def run_stack(args: argparse.Namespace) -> int:
         print("preparing SmolLM2-135M-Instruct (offline, once)...", flush=True)
         model_dir = str(prepare_smollm2())
     served = args.served_model_name or Path(model_dir.rstrip("/")).name
-    config = find_proxy_config(args.config)
     key = os.environ.get("LITELLM_MASTER_KEY") or f"sk-{secrets.token_urlsafe(24)}"
     logs = Path(tempfile.mkdtemp(prefix="up-", dir=_mkdir(STATE_DIR / "runs")))
     registry = args.registry_dir or str(logs / "registry")
+    try:
+        # KV-aware routing (on in the shipped config) tokenizes with the served model's own directory.
+        config, kv_routing = write_stack_config(find_proxy_config(args.config), logs, served_model=served, model_dir=model_dir)
+    except ValueError as exc:
+        raise SystemExit(f"invalid proxy config: {exc}") from exc
 
     env = dict(os.environ)
     env[ENV_REGISTRY_DIR] = registry
@@ -76,7 +86,9 @@ def run_stack(args: argparse.Namespace) -> int:
             role,
             (sys.executable, "-m", "litellm_disagg.cli", "worker", "--role", role, "--model", model_dir,
              "--served-model-name", served, "--host", args.host, "--kv-cache-mib", str(args.kv_cache_mib),
-             "--max-model-len", str(args.max_model_len), "--registry-dir", registry),
+             "--max-model-len", str(args.max_model_len), "--registry-dir", registry,
+             # KV events for the router's precise prefix index (a restarted worker publishes on the same port).
+             *(("--kv-events-port", str(free_port(args.host))) if kv_routing else ())),
             worker_env, logs / f"{role}.log", stop_timeout_s=180,
         )
         for role in ("prefill", "decode")

@@ -1,0 +1,54 @@
+"""The proxy config ``litellm-disagg up`` runs: the user's (or the shipped) config, completed for the local stack.
+
+``up`` knows what a config file cannot: the directory of the model it serves. With KV-aware routing on (the shipped
+``proxy_config.yaml``), the router must tokenize prompts exactly as the workers do, so ``up`` adds
+``kv_routing.tokenizer.model_dirs[served name] = model directory`` (unless the config already names one for that
+model) and writes the result next to the run's logs. Nothing else changes; a config with KV routing off is written
+back as it is (``up`` always runs the file it printed in its log directory).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from litellm_disagg.settings import DisaggSettings
+
+
+def complete_for_stack(config: dict[str, Any], *, served_model: str, model_dir: str) -> dict[str, Any]:
+    """A copy of ``config`` whose KV router (when on) tokenizes ``served_model`` from ``model_dir``.
+
+    Raises ``ValueError`` (pydantic's) when the ``litellm_disagg`` section is invalid, so ``up`` fails before it
+    starts anything rather than the proxy failing later."""
+    settings = DisaggSettings.from_proxy_config(config)
+    out = dict(config)
+    if not settings.kv_routing.enabled or served_model in settings.kv_routing.tokenizer.model_dirs:
+        return out
+    section = dict(out.get("litellm_disagg") or {})
+    kv = dict(section.get("kv_routing") or {})
+    tokenizer = dict(kv.get("tokenizer") or {})
+    tokenizer["model_dirs"] = {**(tokenizer.get("model_dirs") or {}), served_model: model_dir}
+    kv["tokenizer"] = tokenizer
+    section["kv_routing"] = kv
+    out["litellm_disagg"] = section
+    DisaggSettings.from_proxy_config(out)  # still valid
+    return out
+
+
+def kv_routing_on(config: dict[str, Any]) -> bool:
+    return DisaggSettings.from_proxy_config(config).kv_routing.enabled
+
+
+def write_stack_config(source: Path, out_dir: Path, *, served_model: str, model_dir: str) -> tuple[Path, bool]:
+    """Read ``source``, complete it (``complete_for_stack``), write ``out_dir/proxy_config.yaml``.
+
+    Returns the written path and whether KV-aware routing is on (``up`` then starts workers with KV events)."""
+    config = yaml.safe_load(source.read_text()) or {}
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: a proxy config must be a mapping")
+    completed = complete_for_stack(config, served_model=served_model, model_dir=model_dir)
+    path = out_dir / "proxy_config.yaml"
+    path.write_text(yaml.safe_dump(completed, sort_keys=False))
+    return path, kv_routing_on(completed)

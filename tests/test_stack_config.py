@@ -1,0 +1,44 @@
+"""``litellm-disagg up`` runs the shipped config KV-aware: the model's directory becomes the router's tokenizer, and
+a config with KV routing off (or naming its own tokenizer) is left as it is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from litellm_disagg.settings import DisaggSettings
+from litellm_disagg.stack_config import complete_for_stack, write_stack_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_shipped_config_routes_kv_aware_precise_with_the_per_request_decision():
+    settings = DisaggSettings.from_proxy_config(yaml.safe_load((ROOT / "proxy_config.yaml").read_text()))
+    kv = settings.kv_routing
+    assert kv.enabled and kv.index.mode == "precise" and kv.disaggregation.mode == "auto"
+
+
+def test_up_gives_the_router_the_served_models_directory(tmp_path):
+    path, kv_on = write_stack_config(ROOT / "proxy_config.yaml", tmp_path, served_model="smol", model_dir="/models/smol")
+    assert kv_on and path.parent == tmp_path
+    written = yaml.safe_load(path.read_text())
+    settings = DisaggSettings.from_proxy_config(written)
+    assert settings.kv_routing.tokenizer.model_dirs == {"smol": "/models/smol"}
+    shipped = yaml.safe_load((ROOT / "proxy_config.yaml").read_text())
+    assert written["litellm_settings"] == shipped["litellm_settings"]  # the rest as it was
+    assert written["general_settings"]["master_key"] == "os.environ/LITELLM_MASTER_KEY"
+
+
+def test_a_config_with_kv_routing_off_or_its_own_tokenizer_is_unchanged():
+    off = {"litellm_disagg": {"kv_routing": {"enabled": False}}}
+    assert complete_for_stack(off, served_model="m", model_dir="/d") == off
+    assert complete_for_stack({}, served_model="m", model_dir="/d") == {}
+    own = {"litellm_disagg": {"kv_routing": {"enabled": True, "tokenizer": {"model_dirs": {"m": "/mine"}}}}}
+    assert complete_for_stack(own, served_model="m", model_dir="/d") == own
+
+
+def test_an_invalid_section_fails_before_anything_starts():
+    with pytest.raises(ValueError):
+        complete_for_stack({"litellm_disagg": {"kv_routing": {"enabled": True, "typo": 1}}}, served_model="m", model_dir="/d")
