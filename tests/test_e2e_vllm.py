@@ -1,5 +1,5 @@
 """End to end with real processes: vLLM prefill and decode workers (CPU, NIXL), the LiteLLM proxy started with the
-shipped ``proxy_config.yaml``, and the unchanged OpenAI SDK. Tests run in file order and share one stack."""
+shipped ``proxy_config.yaml`` (KV routing as shipped, every prompt prefilled remotely), and the unchanged OpenAI SDK. Tests run in file order and share one stack."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from litellm_disagg.processes import wait_until
 
 from .support.net import metric
 from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, registered
+from .support.proxy_configs import shipped_with_remote_prefill
 
 pytestmark = pytest.mark.vllm
 
@@ -29,7 +30,9 @@ class Stack:
         self.logs = base
         self.prefill = WorkerProc("prefill", tiny_model, self.registry, base)
         self.decode = WorkerProc("decode", tiny_model, self.registry, base)
-        self.proxy = ProxyProc(self.registry, base)
+        # The transfer is the subject here: every prompt prefilled remotely (support/proxy_configs.py).
+        config = shipped_with_remote_prefill(base, model="tiny", model_dir=tiny_model)
+        self.proxy = ProxyProc(self.registry, base, config=config)
         self.extra: list[WorkerProc] = []
 
     def start(self):
