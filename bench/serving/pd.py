@@ -1,0 +1,378 @@
+"""``python -m bench.serving.pd``: routing over a prefill pool and a decode pool, through the real LiteLLM proxy.
+
+    flock -x /tmp/ld-cpu.lock .venv/bin/python -m bench.serving.pd --prefill 4 --decode 4 --runs 3
+
+Simulated workers (``litellm_disagg.sim``, KV events on) in two pools. Every arm runs the same seeded schedule, arms
+interleaved within each run (run 1: every arm, run 2: every arm, ...), prefix caches emptied before each arm.
+
+| arm                  | prefill worker             | decode worker              | remote or local prefill        |
+|----------------------|----------------------------|----------------------------|--------------------------------|
+| ``pd_kv_precise``    | KV-aware (index from events) | KV-aware                 | cost model (``mode: auto``)    |
+| ``pd_kv_approximate``| KV-aware (index from the router's own decisions) | KV-aware | cost model               |
+| ``pd_least_inflight``| fewest in flight           | fewest in flight           | always remote (the old default) |
+| ``pd_round_robin``   | rotating                   | rotating                   | always remote                  |
+| ``pd_oracle``        | sticky per prefix key      | sticky per prefix key      | remote the first time a key is seen, then local on its decode worker |
+
+The first four are litellm-disagg's strategy in the proxy (``kv_routing.enabled`` true or false). LiteLLM's own
+strategies know nothing of prefill and decode, so they have no P/D arm. The oracle is the client itself: it calls the
+pinned prefill worker (vLLM's NixlConnector protocol, as the orchestrator would) and then the pinned decode worker
+with the transfer parameters, directly, without the proxy (so it does not pay the proxy's hop: a bound, not a peer).
+Its TTFT counts from before its prefill call.
+
+Prints one table per run and the ranges (min-max over runs) per arm; writes ``<out>/serving_pd_<workload>.json`` and
+``.png`` (TTFT p50/p99 ranges, hit rate, share of requests prefilled remotely).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import httpx
+
+from litellm_disagg.discovery.file.registry import FileRegistry
+from litellm_disagg.engines.base import Endpoint
+from litellm_disagg.engines.vllm.transfer import build_prefill_body, parse_transfer_params
+from litellm_disagg.http_client import pooled_client
+from litellm_disagg.processes import spawn, stop
+
+from bench.serving import loadgen, proxy, workloads
+from bench.serving.arms import Arm, ArmName, Placement
+from bench.serving.loadgen import RequestResult
+from bench.serving.report import percentile
+from bench.serving.workers import SIM_TOKENIZER, Worker, read_counters, reset_prefix_caches
+from bench.serving.workloads import Schedule, Session, conversation
+
+PD_ARMS = ("pd_kv_precise", "pd_kv_approximate", "pd_least_inflight", "pd_round_robin", "pd_oracle")
+MODEL = "sim-model"
+
+
+@dataclass
+class Pools:
+    registry_dir: Path
+    prefill: list[Worker]
+    decode: list[Worker]
+    proc: Any
+
+    @property
+    def all(self) -> list[Worker]:
+        return [*self.prefill, *self.decode]
+
+    def close(self) -> None:
+        stop(self.proc, timeout_s=60)
+
+
+def start_pools(run_dir: Path, *, prefill: int, decode: int, speedup: float, blocks: int, block_size: int) -> Pools:
+    import sys
+
+    registry = run_dir / "registry"
+    argv = [sys.executable, "-m", "litellm_disagg.sim", "--prefill", str(prefill), "--decode", str(decode),
+            "--both", "0", "--model", MODEL, "--name", "pd", "--registry-dir", str(registry), "--kv-events",
+            "--speedup", str(speedup), "--num-gpu-blocks", str(blocks), "--block-size", str(block_size),
+            "--max-model-len", "32768", "--drain-settle", "0", "--log-level", "WARNING"]
+    proc = spawn(argv, log=run_dir / "sim.log")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        configs = asyncio.run(FileRegistry(registry).snapshot()) if registry.exists() else []
+        ready = sorted((c for c in configs if c.model == MODEL and c.routable), key=lambda c: c.worker_id)
+        p = [Worker(c.worker_id, c.server_url) for c in ready if c.role.value == "prefill"]
+        d = [Worker(c.worker_id, c.server_url) for c in ready if c.role.value == "decode"]
+        if len(p) >= prefill and len(d) >= decode:
+            return Pools(registry, p[:prefill], d[:decode], proc)
+        if proc.poll() is not None:
+            raise RuntimeError(f"the simulator exited (see {run_dir / 'sim.log'})")
+        time.sleep(0.5)
+    stop(proc, timeout_s=30)
+    raise TimeoutError("the simulated pools did not register")
+
+
+def proxy_config(arm: str, pools: Pools) -> dict[str, Any]:
+    kv: dict[str, Any]
+    if arm in ("pd_kv_precise", "pd_kv_approximate"):
+        kv = {"enabled": True, "disaggregation": {"mode": "auto"}, "tokenizer": {"model_dirs": {MODEL: SIM_TOKENIZER}},
+              "index": {"mode": "precise" if arm == "pd_kv_precise" else "approximate"}}
+        picker = "least_inflight"
+    else:
+        kv = {"enabled": False}
+        picker = "round_robin" if arm == "pd_round_robin" else "least_inflight"
+    return {
+        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
+        "litellm_settings": {"drop_params": False, "request_timeout": 600, "callbacks": ["litellm_disagg.plugin.handler"]},
+        "router_settings": {"num_retries": 1, "timeout": 600},
+        "model_list": [],
+        "litellm_disagg": {
+            "registry": {"backend": "file", "path": str(pools.registry_dir), "poll_interval_s": 0.25},
+            "picker": picker,
+            "kv_routing": kv,
+        },
+    }
+
+
+async def run_oracle(schedule: Schedule, pools: Pools, *, max_tokens: int) -> tuple[list[RequestResult], float]:
+    """The client as router: sticky placement per prefix key in both pools, remote the first time a key is seen."""
+    p_place, d_place = Placement("oracle", len(pools.prefill)), Placement("oracle", len(pools.decode))
+    seen: set[str] = set()
+    results: list[RequestResult] = []
+    timeout = httpx.Timeout(600, connect=10)
+    clients = [pooled_client(base_url=w.server_url, timeout=timeout, max_connections=1000,
+                             max_keepalive_connections=1000) for w in pools.decode]
+    prefill_client = pooled_client(timeout=timeout, max_connections=1000, max_keepalive_connections=1000)
+    try:
+        t0 = time.monotonic()
+
+        async def one_session(session: Session) -> None:
+            await asyncio.sleep(max(0.0, session.start_s - (time.monotonic() - t0)))
+            answers: list[str] = []
+            for index, turn in enumerate(session.turns):
+                body: dict[str, Any] = {"model": MODEL, "messages": conversation(session, index, answers),
+                                        "max_tokens": max_tokens, "temperature": 0, "stream": True}
+                d = d_place.pick(turn.prefix_key)
+                started = time.monotonic()
+                if turn.prefix_key not in seen:
+                    seen.add(turn.prefix_key)
+                    p = pools.prefill[p_place.pick(turn.prefix_key)]
+                    r = await prefill_client.post(f"{p.server_url}/v1/chat/completions",
+                                                  json=build_prefill_body(Endpoint.CHAT, MODEL, body))
+                    if r.status_code == 200:
+                        body["kv_transfer_params"] = parse_transfer_params(r.json()).for_decode()
+                prefill_s = time.monotonic() - started
+                result, answer = await loadgen._one(clients[d], body, {}, session, index, t0)
+                result = dataclasses.replace(
+                    result, start_s=result.start_s - prefill_s, latency_s=result.latency_s + prefill_s,
+                    ttft_s=None if result.ttft_s is None else result.ttft_s + prefill_s)
+                results.append(result)
+                if result.error is not None:
+                    return
+                answers.append(answer)
+                if index + 1 < len(session.turns):
+                    await asyncio.sleep(session.think_s)
+
+        await asyncio.gather(*(one_session(s) for s in schedule.sessions))
+        wall = time.monotonic() - t0
+    finally:
+        await prefill_client.aclose()
+        for c in clients:
+            await c.aclose()
+    return results, wall
+
+
+@dataclass
+class PDFigures:
+    arm: str
+    run: int
+    requests: int
+    completed: int
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    e2e_p50_ms: float
+    hit_rate: float
+    """Prompt tokens found in a prefix cache / looked up, over both pools (engine counters)."""
+    remote_share: float
+    """Requests the prefill pool served / requests completed: the share prefilled remotely."""
+    prefill_imbalance: float
+    decode_imbalance: float
+    """Busiest worker's requests / the pool's mean (1.0: even)."""
+    first_errors: list[str] = field(default_factory=list)
+
+
+def figures(arm: str, run: int, results: list[RequestResult], pools: Pools, before: dict[str, dict[str, float]],
+            after: dict[str, dict[str, float]]) -> PDFigures:
+    ok = [r for r in results if r.error is None]
+
+    def delta(worker: str, name: str) -> float:
+        return after[worker][name] - before[worker][name]
+
+    def imbalance(workers: list[Worker]) -> float:
+        counts = [delta(w.worker_id, "requests_finished") for w in workers]
+        mean = statistics.mean(counts) if counts else 0.0
+        return max(counts) / mean if mean else 0.0
+
+    queries = sum(delta(w, "prefix_cache_queries") for w in after)
+    hits = sum(delta(w, "prefix_cache_hits") for w in after)
+    remote = sum(delta(w.worker_id, "requests_finished") for w in pools.prefill)
+    return PDFigures(
+        arm=arm, run=run, requests=len(results), completed=len(ok),
+        ttft_p50_ms=percentile([r.ttft_s for r in ok if r.ttft_s is not None], 0.5) * 1e3,
+        ttft_p99_ms=percentile([r.ttft_s for r in ok if r.ttft_s is not None], 0.99) * 1e3,
+        itl_p50_ms=percentile([r.itl_s for r in ok if r.itl_s is not None], 0.5) * 1e3,
+        e2e_p50_ms=percentile([r.latency_s for r in ok], 0.5) * 1e3,
+        hit_rate=hits / queries if queries else 0.0,
+        remote_share=remote / len(ok) if ok else 0.0,
+        prefill_imbalance=imbalance(pools.prefill), decode_imbalance=imbalance(pools.decode),
+        first_errors=[r.error for r in results if r.error is not None][:3],
+    )
+
+
+def run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argparse.Namespace, run_dir: Path) -> PDFigures:
+    asyncio.run(reset_prefix_caches(pools.all))
+    if arm == "pd_oracle":
+        time.sleep(0.5)
+        before = asyncio.run(read_counters(pools.all))
+        results, _ = asyncio.run(run_oracle(schedule, pools, max_tokens=args.max_tokens))
+        after = asyncio.run(read_counters(pools.all))
+        return figures(arm, run, results, pools, before, after)
+    server = proxy.start(proxy_config(arm, pools), run_dir, f"{arm}-{run}", model=MODEL, timeout_s=600)
+    try:
+        time.sleep(1.0)  # discovery, KV event subscriptions and the load scraper catch up
+        asyncio.run(reset_prefix_caches(pools.all))
+        time.sleep(0.5)  # the AllBlocksCleared events reach the router
+        before = asyncio.run(read_counters(pools.all))
+        results, _ = asyncio.run(loadgen.run(schedule, arm=Arm(cast(ArmName, arm), {}), base_url=server.base_url,
+                                             key=server.key, model=MODEL, workers=len(pools.decode),
+                                             max_tokens=args.max_tokens))
+        after = asyncio.run(read_counters(pools.all))
+    finally:
+        server.close()
+    return figures(arm, run, results, pools, before, after)
+
+
+def table(rows: list[PDFigures]) -> str:
+    head = (f"{'arm':18s} {'run':>3s} {'ok/all':>7s} {'TTFT p50':>9s} {'TTFT p99':>9s} {'ITL p50':>8s} {'e2e p50':>8s} "
+            f"{'hit rate':>8s} {'remote':>7s} {'P imbal':>7s} {'D imbal':>7s}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r.arm:18s} {r.run:3d} {f'{r.completed}/{r.requests}':>7s} {r.ttft_p50_ms:7.0f}ms "
+                     f"{r.ttft_p99_ms:7.0f}ms {r.itl_p50_ms:6.1f}ms {r.e2e_p50_ms:6.0f}ms {r.hit_rate:8.1%} "
+                     f"{r.remote_share:7.0%} {r.prefill_imbalance:7.2f} {r.decode_imbalance:7.2f}")
+        lines += [f"{'':18s} error: {e}" for e in r.first_errors]
+    return "\n".join(lines)
+
+
+RANGED = ("ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "e2e_p50_ms", "hit_rate", "remote_share", "prefill_imbalance",
+          "decode_imbalance")
+
+
+def ranges(rows: list[PDFigures]) -> dict[str, dict[str, tuple[float, float]]]:
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for arm in dict.fromkeys(r.arm for r in rows):
+        mine = [r for r in rows if r.arm == arm]
+        out[arm] = {k: (min(getattr(r, k) for r in mine), max(getattr(r, k) for r in mine)) for k in RANGED}
+    return out
+
+
+def ranges_table(rows: list[PDFigures]) -> str:
+    """Markdown: one row per arm, each figure as min-max over the runs."""
+    def fmt(lo: float, hi: float, spec: str, scale: float = 1.0, unit: str = "") -> str:
+        a, b = format(lo * scale, spec), format(hi * scale, spec)
+        return f"{a}{unit}" if a == b else f"{a}-{b}{unit}"
+
+    lines = ["| arm | runs | TTFT p50 (ms) | TTFT p99 (ms) | ITL p50 (ms) | e2e p50 (ms) | hit rate | prefilled remotely "
+             "| prefill imbal. | decode imbal. | failed |", "|---" * 11 + "|"]
+    for arm, rng in ranges(rows).items():
+        mine = [r for r in rows if r.arm == arm]
+        failed = sum(r.requests - r.completed for r in mine)
+        lines.append(
+            f"| {arm} | {len(mine)} | {fmt(*rng['ttft_p50_ms'], '.0f')} | {fmt(*rng['ttft_p99_ms'], '.0f')} | "
+            f"{fmt(*rng['itl_p50_ms'], '.1f')} | {fmt(*rng['e2e_p50_ms'], '.0f')} | {fmt(*rng['hit_rate'], '.1f', 100, '%')} | "
+            f"{fmt(*rng['remote_share'], '.0f', 100, '%')} | {fmt(*rng['prefill_imbalance'], '.2f')} | "
+            f"{fmt(*rng['decode_imbalance'], '.2f')} | {failed} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[PDFigures], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rng = ranges(rows)
+    arms = list(rng)
+    x = list(range(len(arms)))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for offset, key, label in ((-0.2, "ttft_p50_ms", "p50"), (0.2, "ttft_p99_ms", "p99")):
+        lo = [rng[a][key][0] for a in arms]
+        hi = [rng[a][key][1] for a in arms]
+        axes[0].bar([i + offset for i in x], hi, width=0.4, label=f"{label} (bar: worst run)", alpha=0.8)
+        axes[0].scatter([i + offset for i in x], lo, color="black", s=12, zorder=3)
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("ms (dot: best run)")
+    axes[0].set_title("time to first token")
+    axes[0].legend(fontsize=8)
+    for ax, key, label in ((axes[1], "hit_rate", "prefix-cache hit rate (%)"),
+                           (axes[2], "remote_share", "prefilled remotely (%)")):
+        lo = [rng[a][key][0] * 100 for a in arms]
+        hi = [rng[a][key][1] * 100 for a in arms]
+        ax.bar(x, hi, color="tab:green" if key == "hit_rate" else "tab:purple")
+        ax.scatter(x, lo, color="black", s=12, zorder=3)
+        ax.set_title(label)
+    for ax in axes:
+        ax.set_xticks(x, [a.removeprefix("pd_").replace("_", "\n") for a in arms], fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.serving.pd", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--prefill", type=int, default=4)
+    p.add_argument("--decode", type=int, default=4)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--arms", default=",".join(PD_ARMS), help="comma-separated, from: " + ", ".join(PD_ARMS))
+    p.add_argument("--workload", default="shared", choices=workloads.WORKLOADS)
+    p.add_argument("--requests", type=int, default=120)
+    p.add_argument("--rate", type=float, default=8.0)
+    p.add_argument("--documents", type=int, default=16)
+    p.add_argument("--prefix-words", type=int, default=2000)
+    p.add_argument("--question-words", type=int, default=60)
+    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--think", type=float, default=0.5)
+    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--speedup", type=float, default=1.0)
+    p.add_argument("--blocks", type=int, default=4096)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args(argv)
+    for arm in args.arms.split(","):
+        if arm not in PD_ARMS:
+            raise SystemExit(f"unknown arm {arm!r}; choose from {', '.join(PD_ARMS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[PDFigures]:
+    args = parse_args(argv)
+    arms = args.arms.split(",")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    run_dir = Path(tempfile.mkdtemp(prefix="serving-pd-"))
+    print(f"logs and configs: {run_dir}", flush=True)
+    shape = workloads.Shape(requests=args.requests, rate=args.rate, turns=args.turns, think_s=args.think,
+                            prefix_words=args.prefix_words, question_words=args.question_words,
+                            documents=args.documents)
+    schedule = workloads.build(args.workload, shape, seed=args.seed)
+    pools = start_pools(run_dir, prefill=args.prefill, decode=args.decode, speedup=args.speedup, blocks=args.blocks,
+                        block_size=args.block_size)
+    rows: list[PDFigures] = []
+    try:
+        for run in range(1, args.runs + 1):
+            for arm in arms:
+                print(f"[run {run}] {arm} ...", flush=True)
+                rows.append(run_arm(arm, run, schedule, pools, args, run_dir))
+            print(table([r for r in rows if r.run == run]), flush=True)
+    finally:
+        pools.close()
+    title = (f"{args.workload}: {schedule.requests} requests at {args.rate:g}/s, {args.prefill}P+{args.decode}D "
+             f"simulated workers, {args.runs} runs")
+    print(f"\n{title}\n{ranges_table(rows)}")
+    stem = out / f"serving_pd_{args.workload}"
+    stem.with_suffix(".json").write_text(json.dumps(
+        {"meta": {k: v for k, v in vars(args).items() if k != "out"}, "runs": [dataclasses.asdict(r) for r in rows]},
+        indent=2))
+    plot(rows, title, stem.with_suffix(".png"))
+    print(f"wrote {stem}.json and {stem}.png", flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

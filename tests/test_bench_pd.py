@@ -1,0 +1,49 @@
+"""bench.serving.pd: the P/D arms are what they claim, the ranges add up, and the oracle arm really runs the
+prefill-then-decode protocol against simulated pools (the proxy arms run through ``python -m bench.serving.pd``)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from bench.serving import pd, workloads
+from bench.serving.workers import read_counters
+from litellm_disagg.settings import DisaggSettings
+
+
+def test_each_arm_is_the_strategy_it_names(tmp_path):
+    pools = pd.Pools(tmp_path, [], [], None)
+    settings = {arm: DisaggSettings.from_proxy_config(pd.proxy_config(arm, pools)) for arm in pd.PD_ARMS if arm != "pd_oracle"}
+    precise, approximate = settings["pd_kv_precise"].kv_routing, settings["pd_kv_approximate"].kv_routing
+    assert precise.enabled and precise.index.mode == "precise" and precise.disaggregation.mode == "auto"
+    assert approximate.enabled and approximate.index.mode == "approximate" and approximate.disaggregation.mode == "auto"
+    assert not settings["pd_least_inflight"].kv_routing.enabled and settings["pd_least_inflight"].picker == "least_inflight"
+    assert not settings["pd_round_robin"].kv_routing.enabled and settings["pd_round_robin"].picker == "round_robin"
+
+
+def _row(arm: str, run: int, ttft: float) -> pd.PDFigures:
+    return pd.PDFigures(arm, run, 10, 10, ttft, 2 * ttft, 5.0, 3 * ttft, 0.5, 0.25, 1.0, 1.5)
+
+
+def test_ranges_are_min_to_max_over_runs_per_arm():
+    rows = [_row("a", 1, 10), _row("b", 1, 40), _row("a", 2, 30), _row("b", 2, 40)]
+    rng = pd.ranges(rows)
+    assert rng["a"]["ttft_p50_ms"] == (10, 30) and rng["b"]["ttft_p99_ms"] == (80, 80)
+    table = pd.ranges_table(rows)
+    assert "| a | 2 | 10-30 | 20-60 |" in table and "| b | 2 | 40 | 80 |" in table
+
+
+def test_the_oracle_prefills_remotely_once_per_document_then_locally(tmp_path):
+    pools = pd.start_pools(tmp_path, prefill=1, decode=1, speedup=1.0, blocks=4096, block_size=16)
+    try:
+        schedule = workloads.build("shared", workloads.Shape(requests=4, rate=2.0, documents=1, prefix_words=300,
+                                                             question_words=10))
+        before = asyncio.run(read_counters(pools.all))
+        results, _ = asyncio.run(pd.run_oracle(schedule, pools, max_tokens=4))
+        after = asyncio.run(read_counters(pools.all))
+    finally:
+        pools.close()
+    assert [r.error for r in results] == [None] * 4 and all(r.ttft_s for r in results)
+    rows = pd.figures("pd_oracle", 1, results, pools, before, after)
+    assert rows.remote_share == 0.25  # the document's first request went to the prefill pool, the others stayed local
+    assert rows.hit_rate > 0.5  # the decode worker held the transferred document
