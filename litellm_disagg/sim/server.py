@@ -24,6 +24,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -45,6 +46,7 @@ from litellm_disagg.sim.disagg_input import transfer_request
 from litellm_disagg.sim.engine import EngineDead, SimEngine
 from litellm_disagg.sim.metrics import CONTENT_TYPE, registry_for, render
 from litellm_disagg.sim.protocol import DetokenizeRequest, TokenizeRequest
+from litellm_disagg.sim.rejection import release_rejected
 from litellm_disagg.sim.request import SimRequest
 from litellm_disagg.version import __version__
 
@@ -154,8 +156,10 @@ class SimApi:
     async def _generate(self, request: Request, *, chat: bool) -> Response:
         base_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         headers = {"X-Request-Id": base_id}
+        raw: Any = None
         try:
-            prepared = prepare(await read_json(request), chat=chat, base_id=base_id, model=self.model)
+            raw = await read_json(request)
+            prepared = prepare(raw, chat=chat, base_id=base_id, model=self.model)
             limit, reason, natural_stop_mean = budget(prepared, self.engine.settings.engine)
             transfer = transfer_request(self.engine.settings.engine_name, self.engine.role, prepared.body)
             if transfer.one_token:
@@ -176,6 +180,7 @@ class SimApi:
             except EngineDead as exc:
                 raise ApiError(503, str(exc), "ServiceUnavailableError") from exc
         except ApiError as exc:
+            release_rejected(self.engine, raw)  # as vLLM: a refused decode frees its remote prefill's blocks
             return exc.response(headers)
         if prepared.body.stream:
             events = sse_events(prepared, stream, chat=chat)

@@ -41,6 +41,9 @@ from litellm_disagg.runtime_config import RuntimeConfig
 PARAMS_KEY: Final = "kv_transfer_params"
 PREFILL_MARKER: Final[Mapping[str, Any]] = MappingProxyType({"do_remote_decode": True})
 """What the prefill request carries under ``kv_transfer_params`` (copied into each body, never shared)."""
+RELEASE_PATH: Final = "v1/completions"
+RELEASE_MODEL: Final = "litellm-disagg/release-unread-kv"
+"""A model name no worker serves: the release request is refused before the engine (``release_unread``)."""
 
 MAX_KV_GROUPS: Final = 16
 """KV cache groups one answer may name (one for ordinary models; hybrid models have a few)."""
@@ -222,6 +225,18 @@ class VllmNixlProtocol:
 
     def abort_decode(self, handle: TransferHandle) -> None:
         return None  # sequential: no decode is waiting when a prefill fails
+
+    def release_unread(self, handle: TransferHandle) -> tuple[str, dict[str, Any]]:
+        """The request that makes a decode worker tell the prefill worker to free ``handle``'s blocks unread
+        (``routing/kv_release.py``). vLLM's serving layer, when it refuses a request that carries
+        ``kv_transfer_params`` before its engine runs it (here: a model it does not serve, a 404), submits it to the
+        engine pre-aborted (``notify_kv_transfer_request_rejected``); the NixlConnector then notifies the prefill
+        worker with no blocks read, which frees them. Nothing is computed and no KV moves."""
+        if not isinstance(handle, KVTransferParams):
+            raise TypeError(f"{self.name} cannot release a {type(handle).__name__} handle")
+        return RELEASE_PATH, {
+            "model": RELEASE_MODEL, "prompt": [0], "max_tokens": 1, PARAMS_KEY: handle.for_decode()
+        }  # fmt: skip
 
     def decode_fields(self, handle: TransferHandle) -> dict[str, Any]:
         if not isinstance(handle, KVTransferParams):
