@@ -166,7 +166,7 @@ class DisaggPlugin(CustomLogger):
         return None
 
     async def async_log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
-        self._finished(kwargs, failed=False)
+        self._finished(kwargs, failed=False, call_failed=False)
 
     async def async_log_failure_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
         fault = _worker_fault(kwargs.get("exception"))
@@ -174,9 +174,9 @@ class DisaggPlugin(CustomLogger):
         if isinstance(call_id, str):  # counted as failed (by cause) before the end of the call is noted
             for controller in list(DisaggPlugin._controllers):
                 controller.request_metrics.finished(call_id, failed=True, worker_fault=fault)
-        self._finished(kwargs, failed=fault)
+        self._finished(kwargs, failed=fault, call_failed=True)
 
-    def _finished(self, kwargs: dict[str, Any], *, failed: bool) -> None:
+    def _finished(self, kwargs: dict[str, Any], *, failed: bool, call_failed: bool) -> None:
         call_id = kwargs.get("litellm_call_id")
         if not isinstance(call_id, str):
             return
@@ -185,6 +185,7 @@ class DisaggPlugin(CustomLogger):
         worker_id = worker_id_of({"model_info": model_info}) if isinstance(model_info, dict) else None
         for controller in list(DisaggPlugin._controllers):
             controller.finished(call_id, worker_id=worker_id, failed=failed)
+            controller.call_ended(call_id, worker_id=worker_id, failed=call_failed)
 
 
 def _finish_reason(chunk: object) -> object | None:

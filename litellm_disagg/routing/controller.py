@@ -22,6 +22,7 @@ from litellm_disagg.routing import deployments
 from litellm_disagg.routing.accounting import Accounting, FlightKey
 from litellm_disagg.routing.admission import Admission
 from litellm_disagg.routing.cooldown import FailureCooldown
+from litellm_disagg.routing.kv_release import KVReleases
 from litellm_disagg.routing.orchestrator import Orchestrator
 from litellm_disagg.routing.pipeline.pipeline import Pipeline
 from litellm_disagg.routing.pipeline.profile import PICKER_PROFILES
@@ -97,6 +98,8 @@ class DisaggController:
             self.strategy = DisaggRoutingStrategy(**strategy_parts)
         self.request_metrics = RequestMetrics(max_age_s=kv_settings.load.inflight_max_age_s)
         self.strategy.requests = self.request_metrics
+        self.releases = KVReleases(sender=self.prefill_client, pool=lambda: self.pool, cooldown=self.cooldown)
+        self.strategy.releases = self.releases
         self.pool_metrics = PoolMetrics()
         if self.kv is not None:  # the scraped NIXL counters feed the transfer metrics too
             self.kv.scraper.on_transfers = self.pool_metrics.also_count_transfers(self.kv.scraper.on_transfers)
@@ -131,6 +134,7 @@ class DisaggController:
         if self.kv is not None:
             await self.kv.stop()
         await self.registry.close()
+        await self.releases.aclose()
         await self.prefill_client.aclose()
         if self.tracing is not None:
             await self.tracing.aclose()
@@ -148,11 +152,17 @@ class DisaggController:
         if failed and failed_worker is not None and self.pool.get(failed_worker) is not None:
             self.cooldown.failed(failed_worker)
 
+    def call_ended(self, call_id: str, *, worker_id: str | None, failed: bool) -> None:
+        """LiteLLM's success or failure event for one attempt of a call: a failed attempt's prefill KV, which no
+        decode read, is released (``routing/kv_release.py``)."""
+        self.releases.ended(call_id, worker_id=worker_id, failed=failed)
+
     def streamed(self, call_id: str, *, last: bool) -> None:
         """A chunk of a streaming decode call reached the proxy: the prompt is computed (its prefill tokens stop
         counting as queued on the worker); with ``last`` (the chunk with a finish reason) the call is over for the
         worker, before LiteLLM's success event (a background task) says so."""
         self.request_metrics.chunk(call_id, last=last)
+        self.releases.started(call_id)
         if last:
             self.finished(call_id)
         else:

@@ -28,6 +28,7 @@ from litellm_disagg.transfer.prefill import PrefillRejected
 
 if TYPE_CHECKING:
     from litellm_disagg.observability.requests import RequestMetrics
+    from litellm_disagg.routing.kv_release import KVReleases
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,8 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         self._accounting = accounting
         self.requests: RequestMetrics | None = None
         """Per-request metrics (``observability/requests.py``); the controller sets it."""
+        self.releases: KVReleases | None = None
+        """Releases prefill KV no decode reads (``routing/kv_release.py``); the controller sets it."""
         self.ask_token_ids = False
         """Ask vLLM decode workers for ``return_token_ids`` (request migration continues from them); the plugin sets
         it when migration is on."""
@@ -145,6 +148,9 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         self._planner.observe(plan, outcome.prefill_worker_id, outcome.prefill_seconds)
         if self.requests is not None:
             self.requests.routed(call_id, plan, outcome, started=started, selection_s=selection_s)
+        if self.releases is not None:  # a decode that never reads this prefill's KV gets it released
+            prefill = pool.get(outcome.prefill_worker_id) if outcome.prefill_worker_id is not None else None
+            self.releases.attempt(call_id, decode=decode, prefill=prefill, handle=outcome.transfer)
         request_kwargs.update(outcome.decode_fields)
         if self.ask_token_ids and request_kwargs.get("stream") and decode.engine in TOKEN_ID_ENGINES:
             request_kwargs["return_token_ids"] = True
