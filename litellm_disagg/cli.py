@@ -42,6 +42,8 @@ def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--kv-events-port", type=int, help="publish vLLM KV events on this port (ZMQ)")
     p.add_argument("--kv-load-failure-policy", choices=["recompute", "fail"], default="recompute")
+    p.add_argument("--api-key-file", help="file holding the key the proxy must present (vLLM's --api-key, passed by "
+                   "environment; default: $LITELLM_DISAGG_WORKER_API_KEY; neither: the worker is open)")
     p.add_argument("--kv-transfer", choices=["pull", "push"], default="pull",
                    help="vLLM: NixlConnector (pull, default) or NixlPushConnector (push); routers pair like with like")
     p.add_argument("--switchable", action="store_true",
@@ -54,6 +56,13 @@ def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to wait for in-flight requests on shutdown")
     p.add_argument("--drain-settle", type=float, default=3.0, help="seconds the engine must stay idle before leaving")
     p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: extra arguments for the engine")
+
+
+def _worker_api_key(path: str | None) -> str | None:
+    """The worker's API key: ``--api-key-file``, else ``$LITELLM_DISAGG_WORKER_API_KEY``, else None (open)."""
+    from litellm_disagg.routing.worker_auth import DEFAULT_ENV, read_key_file
+
+    return read_key_file(path) if path else (os.environ.get(DEFAULT_ENV) or None)
 
 
 def _run_worker(args: argparse.Namespace) -> int:
@@ -88,6 +97,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         tensor_parallel_size=args.tensor_parallel_size,
         kv_events_port=args.kv_events_port,
         kv_load_failure_policy=args.kv_load_failure_policy,
+        api_key=_worker_api_key(args.api_key_file),
         kv_transfer=args.kv_transfer,
         extra_args=tuple(extra),
     )

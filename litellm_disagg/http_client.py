@@ -57,12 +57,14 @@ def pooled_client(
     max_connections: int,
     max_keepalive_connections: int,
     base_url: str = "",
+    headers: dict[str, str] | None = None,
 ) -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` safe against the keep-alive race (see the module docstring)."""
+    """An ``httpx.AsyncClient`` safe against the keep-alive race (see the module docstring). ``headers``: sent with
+    every request (a worker API key)."""
     limits = httpx.Limits(
         max_connections=max_connections,
         max_keepalive_connections=max_keepalive_connections,
         keepalive_expiry=KEEPALIVE_EXPIRY_S,
     )
     transport = FreshConnectionRetry(httpx.AsyncHTTPTransport(limits=limits))
-    return httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, transport=transport)
+    return httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, transport=transport, headers=headers)

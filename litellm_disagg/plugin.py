@@ -27,13 +27,19 @@ from typing import Any, ClassVar
 import yaml
 from litellm.integrations.custom_logger import CustomLogger
 
+from litellm_disagg import passthrough_guard
 from litellm_disagg.discovery.factory import make_registry
 from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.observability.serve import MetricsServer, serve
 from litellm_disagg.routing.controller import DisaggController
 from litellm_disagg.routing.deployments import worker_id_of
 from litellm_disagg.routing.migration import Migrator, record_client_wants_token_ids
-from litellm_disagg.routing.request import record_call_type, strip_transfer_params
+from litellm_disagg.routing.request import (
+    client_set_timeout,
+    record_call_type,
+    record_client_timeout,
+    strip_transfer_params,
+)
 from litellm_disagg.settings import DisaggSettings
 
 logger = logging.getLogger("litellm_disagg")
@@ -113,6 +119,7 @@ class DisaggPlugin(CustomLogger):
 
         _configure_logging()
         settings: DisaggSettings | None = None
+        guarded = False
         while True:
             router = proxy_server.llm_router
             if router is not None and (self.controller is None or self.controller.router is not router):
@@ -124,7 +131,9 @@ class DisaggPlugin(CustomLogger):
                         self.metrics_server = await asyncio.to_thread(serve, settings.metrics)
                 except Exception:
                     logger.exception("litellm-disagg could not attach to the proxy's router; retrying")
-            await asyncio.sleep(0.2 if self.controller is None else 1.0)
+            if not guarded:  # /vllm/... for our groups: a clean 400 (passthrough_guard.py), once the app serves
+                guarded = passthrough_guard.install(getattr(proxy_server, "app", None), _disaggregated_group)
+            await asyncio.sleep(0.2 if self.controller is None or not guarded else 1.0)
 
     # -- proxy hooks -------------------------------------------------------------------------------------------------
 
@@ -133,6 +142,7 @@ class DisaggPlugin(CustomLogger):
         if found:
             logger.warning("dropped client-supplied %s", ", ".join(found))
         record_call_type(data, str(call_type))
+        record_client_timeout(data)
         record_client_wants_token_ids(data)
         if self.controller is not None:
             self.controller.keep_installed()
@@ -169,7 +179,8 @@ class DisaggPlugin(CustomLogger):
         self._finished(kwargs, failed=False, call_failed=False)
 
     async def async_log_failure_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
-        fault = _worker_fault(kwargs.get("exception"))
+        # A client's own short deadline running out says nothing about the worker: no failure cooldown for it.
+        fault = _worker_fault(kwargs.get("exception")) and not _client_deadline(kwargs)
         call_id = kwargs.get("litellm_call_id")
         if isinstance(call_id, str):  # counted as failed (by cause) before the end of the call is noted
             for controller in list(DisaggPlugin._controllers):
@@ -188,11 +199,31 @@ class DisaggPlugin(CustomLogger):
             controller.call_ended(call_id, worker_id=worker_id, failed=call_failed)
 
 
+def _disaggregated_group(model: str) -> bool:
+    """Whether the proxy's router serves ``model`` through litellm-disagg's deployments."""
+    from litellm.proxy import proxy_server
+
+    router = proxy_server.llm_router
+    if router is None:
+        return False
+    try:
+        return any(worker_id_of(d) is not None for d in router.get_model_list(model_name=model) or [])
+    except Exception:  # never let the guard fail a request that is not ours
+        return False
+
+
 def _finish_reason(chunk: object) -> object | None:
     choices = getattr(chunk, "choices", None)
     if not choices:
         return None
     return getattr(choices[0], "finish_reason", None)
+
+
+def _client_deadline(kwargs: dict[str, Any]) -> bool:
+    """Whether the call failed on the client's own deadline (a timeout of a call whose client set ``timeout``)."""
+    import litellm
+
+    return isinstance(kwargs.get("exception"), litellm.Timeout) and client_set_timeout(kwargs)
 
 
 def _worker_fault(exc: object) -> bool:

@@ -75,6 +75,14 @@ class VllmNixlTransfer(BaseModel):
     """vLLM's ``kv_transfer_config.engine_id``: a prefill answer must name it as ``remote_engine_id``. None (workers
     that do not publish it): the answer's engine id is not checked; its side channel still is."""
 
+    @model_serializer(mode="wrap")
+    def _omit_unset_engine_id(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Entries without an engine id are written as before (older readers, Consul's string-only Meta).
+        data: dict[str, Any] = handler(self)
+        if data.get("engine_id") is None:
+            data.pop("engine_id", None)
+        return data
+
 
 class VllmNixlPushTransfer(BaseModel):
     """vLLM's NixlPushConnector: the prefill worker WRITEs the prompt's KV into blocks the decode worker holds. The
@@ -149,6 +157,9 @@ class RuntimeConfig(BaseModel):
     block_size: Annotated[int, Field(ge=1, le=65536)]
     kv_events_endpoint: Annotated[str, Field(max_length=512)] | None = None
     tensor_parallel_size: Annotated[int, Field(ge=1, le=1024)] = 1
+    api_key_required: bool = False
+    """Whether the worker refuses ``/v1`` requests without its API key (vLLM's ``--api-key``). Only that it does:
+    the key itself is never published; routers get it from their own configuration (``worker_auth``)."""
     allowed_roles: tuple[WorkerRole, ...] = ()
     """Roles the worker's launch can serve, so it can change pool without a restart (``docs/role-change.md``);
     empty: only ``role`` (a worker launched for one role, or one older than role changes)."""

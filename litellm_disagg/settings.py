@@ -23,6 +23,7 @@ from litellm_disagg.planner.settings import PlannerSettings
 from litellm_disagg.routing.admission import AdmissionSettings
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
 from litellm_disagg.routing.migration_settings import MigrationSettings
+from litellm_disagg.routing.worker_auth import WorkerAuthSettings
 
 
 def _registry_backend(value: Any) -> str:
@@ -68,6 +69,8 @@ class DisaggSettings(BaseModel):
     only one. Bridges the gap between a crash and discovery noticing it."""
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     """Which discovery entries may become workers (allowed models, hosts); see ``routing/admission.py``."""
+    worker_auth: WorkerAuthSettings = Field(default_factory=WorkerAuthSettings)
+    """The API key the proxy sends its workers (a file, or an environment variable); ``routing/worker_auth.py``."""
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     """Prometheus metrics on a port of their own (``observability/serve.py``); off by default, as LiteLLM's
     ``/metrics`` serves them when its ``prometheus`` callback is on (docs/observability.md)."""

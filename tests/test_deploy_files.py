@@ -69,3 +69,53 @@ def test_grafana_dashboards_parse_and_every_panel_queries_prometheus():
         assert panels and len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
         for panel in panels:
             assert panel["targets"] and all(t["expr"].strip() for t in panel["targets"]), panel["title"]
+
+
+def _k8s(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((ROOT / f"deploy/k8s/{name}").read_text()) if d]
+
+
+def _secret_refs(deployment: dict) -> set[tuple[str, str]]:
+    """(secret, key) pairs a deployment's containers read, and (secret, "<volume>") for mounted ones."""
+    spec = deployment["spec"]["template"]["spec"]
+    refs = {(e["valueFrom"]["secretKeyRef"]["name"], e["valueFrom"]["secretKeyRef"]["key"])
+            for c in spec["containers"] for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+    return refs | {(v["secret"]["secretName"], "<volume>") for v in spec.get("volumes", []) if "secret" in v}
+
+
+def test_each_component_gets_only_its_own_secrets():
+    secrets = {s["metadata"]["name"]: s["stringData"] for s in _k8s("secret.example.yaml")}
+    assert set(secrets) == {"litellm-disagg-proxy", "litellm-disagg-worker", "litellm-disagg-worker-api-key"}
+    assert "LITELLM_MASTER_KEY" not in secrets["litellm-disagg-worker"]
+    [proxy] = [d for d in _k8s("proxy-deployment.yaml") if d["kind"] == "Deployment"]
+    proxy_refs = _secret_refs(proxy)
+    assert {name for name, _ in proxy_refs} == {"litellm-disagg-proxy", "litellm-disagg-worker-api-key"}
+    for role in ("prefill", "decode"):
+        [worker] = _k8s(f"{role}-deployment.yaml")
+        refs = _secret_refs(worker)
+        assert {name for name, _ in refs} == {"litellm-disagg-worker", "litellm-disagg-worker-api-key"}
+        assert all(key != "LITELLM_MASTER_KEY" for _, key in refs)
+        # The worker's key comes from the mounted file, the same file the proxy's config names.
+        args = parse_worker(worker["spec"]["template"]["spec"]["containers"][0]["args"][1:])
+        assert args.api_key_file == "/etc/litellm-disagg-worker-key/api-key"
+        mounts = worker["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+        assert {"name": "worker-key", "mountPath": "/etc/litellm-disagg-worker-key", "readOnly": True} in mounts
+    configmap = yaml.safe_load((ROOT / "deploy/k8s/proxy-config.yaml").read_text())
+    settings = DisaggSettings.from_proxy_config(yaml.safe_load(configmap["data"]["proxy_config.yaml"]))
+    assert settings.worker_auth.api_key_file == "/etc/litellm-disagg-worker-key/api-key"
+
+
+def test_the_network_policy_lets_only_the_proxy_and_other_workers_reach_a_worker():
+    [policy] = _k8s("network-policy.yaml")
+    assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]
+    workers = {"key": "role", "operator": "In", "values": ["prefill", "decode"]}
+    assert workers in policy["spec"]["podSelector"]["matchExpressions"]
+    by_port: dict[int, list[dict]] = {}
+    for rule in policy["spec"]["ingress"]:
+        assert rule["from"], "a rule without sources would admit everyone"
+        for port in rule["ports"]:
+            by_port.setdefault(port["port"], []).extend(rule["from"])
+    http = int(parse_worker(_k8s("prefill-deployment.yaml")[0]["spec"]["template"]["spec"]["containers"][0]["args"][1:]).port)
+    assert by_port[http] == [{"podSelector": {"matchLabels": {"app": "litellm-disagg", "role": "proxy"}}}]
+    assert by_port[5600] == [{"podSelector": {"matchExpressions": [
+        {"key": "app", "operator": "In", "values": ["litellm-disagg"]}, workers]}}]

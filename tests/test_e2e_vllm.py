@@ -7,6 +7,7 @@ import concurrent.futures
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from litellm_disagg.processes import wait_until
@@ -22,17 +23,24 @@ PROMPT = "def fibonacci(n):\n    " * 25
 EXTERNAL = "vllm:prompt_tokens_by_source_total"
 
 
+WORKER_KEY = "sk-worker-key-e2e"
+"""The workers refuse /v1 without it; the proxy has it from its environment (worker_auth's default variable)."""
+
+
 class Stack:
     def __init__(self, tiny_model, tmp_path_factory):
         base = tmp_path_factory.mktemp("e2e")
         self.model = tiny_model
         self.registry = base / "registry"
         self.logs = base
-        self.prefill = WorkerProc("prefill", tiny_model, self.registry, base)
-        self.decode = WorkerProc("decode", tiny_model, self.registry, base)
+        self.key_file = base / "worker.key"
+        self.key_file.write_text(WORKER_KEY + "\n")
+        keyed = ["--api-key-file", str(self.key_file)]
+        self.prefill = WorkerProc("prefill", tiny_model, self.registry, base, wrapper_args=list(keyed))
+        self.decode = WorkerProc("decode", tiny_model, self.registry, base, wrapper_args=list(keyed))
         # The transfer is the subject here: every prompt prefilled remotely (support/proxy_configs.py).
         config = shipped_with_remote_prefill(base, model="tiny", model_dir=tiny_model)
-        self.proxy = ProxyProc(self.registry, base, config=config)
+        self.proxy = ProxyProc(self.registry, base, config=config, env={"LITELLM_DISAGG_WORKER_API_KEY": WORKER_KEY})
         self.extra: list[WorkerProc] = []
 
     def start(self):
@@ -63,8 +71,22 @@ def stack(tiny_model, tmp_path_factory):
 
 
 def aggregated(worker: WorkerProc) -> openai.OpenAI:
-    """A client straight to one worker: the whole request computed on that single engine."""
-    return openai.OpenAI(base_url=f"{worker.url}/v1", api_key="none", max_retries=0, timeout=120)
+    """A client straight to one worker (with the workers' key): the whole request computed on that single engine."""
+    return openai.OpenAI(base_url=f"{worker.url}/v1", api_key=WORKER_KEY, max_retries=0, timeout=120)
+
+
+def test_workers_refuse_requests_without_their_key_which_is_never_published_nor_on_a_command_line(stack):
+    for worker in (stack.prefill, stack.decode):
+        assert httpx.get(f"{worker.url}/v1/models", timeout=10).status_code == 401
+        assert httpx.get(f"{worker.url}/v1/models", headers={"Authorization": "Bearer sk-wrong"}, timeout=10).status_code == 401
+        assert httpx.get(f"{worker.url}/v1/models", headers={"Authorization": f"Bearer {WORKER_KEY}"}, timeout=10).status_code == 200
+        config = registered(stack.registry, worker.worker_id)
+        assert config is not None and config.api_key_required
+        assert WORKER_KEY not in "".join(p.read_text() for p in stack.registry.glob("*.json"))
+        wrapper = psutil.Process(worker.proc.pid)
+        for proc in [wrapper, *wrapper.children(recursive=True)]:
+            assert WORKER_KEY not in " ".join(proc.cmdline())
+    assert WORKER_KEY not in stack.proxy.log.read_text(errors="replace")
 
 
 def external_tokens(worker: WorkerProc) -> float:

@@ -218,6 +218,9 @@ class LaunchSpec:
     kv_transfer: Literal["pull", "push"] = "pull"
     """Which way the KV moves, for engines that offer both (vLLM: NixlConnector pull, NixlPushConnector push); the
     worker publishes the matching transfer section and routers pair only workers of the same one."""
+    api_key: str | None = field(default=None, repr=False)
+    """The key clients (the proxy) must present on ``/v1`` (vLLM: ``VLLM_API_KEY``); None: the engine is open. Never
+    on the command line, never in a repr."""
     extra_args: tuple[str, ...] = ()
     """Appended to the engine's command line as given."""
 

@@ -1,7 +1,8 @@
 """Which fields of an OpenAI request a prefill request may carry (LiteLLM's call kwargs hold much else: clients,
 headers, its own bookkeeping). Shared by the engines' transfer protocols.
 
-- ``PROMPT_FIELDS``: what decides which tokens the engine sees, so both halves compute the same KV.
+- ``PROMPT_FIELDS``: what decides which tokens the engine sees, so both halves compute the same KV (``cache_salt``
+  too: vLLM salts the prompt's block hashes with it, so a prefill without it would cache under another tenant's key).
 - ``SAMPLING_FIELDS``: what decides how a token is sampled. An engine whose prefill samples the first output token
   (SGLang sends it to the decode with the KV; TensorRT-LLM returns it as ``first_gen_tokens``) needs these too.
 """
@@ -32,6 +33,7 @@ PROMPT_FIELDS: Final[Mapping[Endpoint, tuple[str, ...]]] = MappingProxyType({
         "reasoning_effort",
         "truncate_prompt_tokens",
         "lora_request",
+        "cache_salt",
     ),
     Endpoint.COMPLETIONS: (
         "prompt",
@@ -40,6 +42,7 @@ PROMPT_FIELDS: Final[Mapping[Endpoint, tuple[str, ...]]] = MappingProxyType({
         "add_special_tokens",
         "truncate_prompt_tokens",
         "response_format",
+        "cache_salt",
     ),
 })
 

@@ -7,7 +7,9 @@ Anyone who can write to discovery can announce a worker; the router only admits,
 - a worker whose hosts (its base URL's and its transfer section's) are allowed: literal IP addresses inside
   ``admission.allowed_networks`` or names listed in ``admission.allowed_hosts``, when either is set;
 - never a worker whose model group has deployments the operator configured by hand in the proxy (those groups stay
-  LiteLLM's: a registry entry cannot take them over).
+  LiteLLM's: a registry entry cannot take them over);
+- never a worker that requires an API key (``api_key_required``) when this proxy has none to send
+  (``worker_auth``): every call to it would be refused.
 
 What is refused is logged once per (worker, reason) and never routed to, as a prefill or a decode worker.
 """
@@ -42,8 +44,10 @@ class AdmissionSettings(BaseModel):
 
 
 class Admission:
-    def __init__(self, settings: AdmissionSettings, *, model_groups: Collection[str] = ()):
+    def __init__(self, settings: AdmissionSettings, *, model_groups: Collection[str] = (), worker_key: bool = False):
+        """``worker_key``: whether this proxy has a key for workers that require one."""
         self.settings = settings
+        self._worker_key = worker_key
         models = settings.allowed_models if settings.allowed_models is not None else (list(model_groups) or None)
         self._models = None if models is None else frozenset(models)
         self._networks = tuple(settings.allowed_networks or ())
@@ -69,6 +73,8 @@ class Admission:
     def refusal(self, config: RuntimeConfig) -> str | None:
         if self._models is not None and config.model not in self._models:
             return f"model {config.model!r} is not allowed"
+        if config.api_key_required and not self._worker_key:
+            return "it requires an API key and this proxy has none (worker_auth)"
         if self._check_hosts:
             for host in _hosts_of(config):
                 if not self._host_allowed(host):

@@ -16,6 +16,7 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
+from litellm_disagg.http_client import pooled_client
 from litellm_disagg.observability.pool_metrics import PoolMetrics
 from litellm_disagg.observability.requests import RequestMetrics
 from litellm_disagg.routing import deployments
@@ -30,6 +31,7 @@ from litellm_disagg.routing.pipeline.providers import ContextProvider, LoadProvi
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.route_plan import RoutePlanner
 from litellm_disagg.routing.strategy import DisaggRoutingStrategy
+from litellm_disagg.routing.worker_auth import load_worker_key
 from litellm_disagg.runtime_config import RuntimeConfig
 from litellm_disagg.settings import DisaggSettings
 from litellm_disagg.transfer.prefill import PrefillClient
@@ -49,12 +51,18 @@ class DisaggController:
         self.settings = settings
         self.registry = registry
         self.pool = WorkerPool()
-        self.admission = Admission(settings.admission, model_groups=settings.model_groups)
+        self.worker_key = load_worker_key(settings.worker_auth)
+        """The key every call to a worker carries (``routing/worker_auth.py``); never logged."""
+        self.admission = Admission(
+            settings.admission, model_groups=settings.model_groups, worker_key=bool(self.worker_key)
+        )
         kv_settings = settings.kv_routing
         self.accounting = Accounting(max_age_s=kv_settings.load.inflight_max_age_s)
         self.cooldown = FailureCooldown(cooldown_s=settings.failure_cooldown_s)
         self.prefill_client = PrefillClient(
-            timeout_s=settings.prefill_timeout_s, connect_timeout_s=settings.prefill_connect_timeout_s
+            timeout_s=settings.prefill_timeout_s,
+            connect_timeout_s=settings.prefill_connect_timeout_s,
+            api_key=self.worker_key.value,
         )
         self.orchestrator = Orchestrator(
             prefill_client=self.prefill_client,
@@ -68,7 +76,13 @@ class DisaggController:
         if kv_settings.enabled:
             from litellm_disagg.routing.kv.router import KVRouter  # ZMQ and tokenizers only when KV routing is on
 
-            self.kv = provider = KVRouter(kv_settings, accounting=self.accounting)
+            # With a worker key, one client that carries it for the load scraper and the /tokenize fallback.
+            keyed = (
+                pooled_client(timeout=5.0, max_connections=256, max_keepalive_connections=128, headers=self.worker_key.headers())
+                if self.worker_key
+                else None
+            )
+            self.kv = provider = KVRouter(kv_settings, accounting=self.accounting, http_client=keyed)
             prefill_profile, decode_profile = kv_settings.prefill, kv_settings.decode
         else:
             provider = LoadProvider(self.accounting)
@@ -179,7 +193,9 @@ class DisaggController:
         self.pool = pool
         if self.kv is not None:
             self.kv.sync(pool)
-        deployments.reconcile(self.router, deployments.desired_deployments(pool, self.settings.model_group))
+        deployments.reconcile(
+            self.router, deployments.desired_deployments(pool, self.settings.model_group, api_key=self.worker_key.value)
+        )
         self.pool_metrics.pool_changed(pool)
         self.pool_changed.set()
 
@@ -200,7 +216,10 @@ class DisaggController:
             await asyncio.sleep(self.settings.sync_interval_s)
             try:
                 self.keep_installed()
-                deployments.reconcile(self.router, deployments.desired_deployments(self.pool, self.settings.model_group))
+                deployments.reconcile(
+                    self.router,
+                    deployments.desired_deployments(self.pool, self.settings.model_group, api_key=self.worker_key.value),
+                )
                 self.pool_metrics.refresh(self.accounting, self.cooldown, self.kv)
             except Exception:
                 logger.exception("keeping the router in step failed; will retry")

@@ -36,13 +36,13 @@ def worker_id_of(deployment: dict[str, Any] | Deployment) -> str | None:
     return None
 
 
-def deployment_for(worker: RuntimeConfig, model_group: str) -> dict[str, Any]:
+def deployment_for(worker: RuntimeConfig, model_group: str, *, api_key: str | None = None) -> dict[str, Any]:
     return {
         "model_name": model_group,
         "litellm_params": {
             "model": f"{engine_for(worker).adapter.provider_prefix}/{worker.model}",
             "api_base": worker.base_url,
-            "api_key": "none",
+            "api_key": api_key or "none",
         },
         "model_info": {
             "id": deployment_id(worker.worker_id),
@@ -51,9 +51,12 @@ def deployment_for(worker: RuntimeConfig, model_group: str) -> dict[str, Any]:
     }
 
 
-def desired_deployments(pool: WorkerPool, model_group: Callable[[str], str]) -> dict[str, dict[str, Any]]:
+def desired_deployments(
+    pool: WorkerPool, model_group: Callable[[str], str], *, api_key: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """``api_key``: the workers' key (``worker_auth``), sent by LiteLLM's decode call."""
     return {
-        deployment_id(w.worker_id): deployment_for(w, model_group(w.model))
+        deployment_id(w.worker_id): deployment_for(w, model_group(w.model), api_key=api_key)
         for w in pool.workers
         if w.routable and w.role.can_decode
     }

@@ -37,3 +37,15 @@ def _worker_message(body: str) -> str:
         if isinstance(data.get("message"), str):
             return data["message"]
     return body.strip()
+
+
+def passthrough_refused(model: str) -> Exception:
+    """The provider pass-through route (``/vllm/...``) asked for a disaggregated model group: refused (400)."""
+    return litellm.BadRequestError(
+        message=(
+            f"model group {model!r} is served disaggregated: the pass-through route is not available for it; "
+            "use /v1/chat/completions or /v1/completions"
+        ),
+        model=model,
+        llm_provider=PROVIDER,
+    )

@@ -18,11 +18,11 @@ from litellm.types.router import CustomRoutingStrategyBase
 
 from litellm_disagg.routing.accounting import Accounting, FlightKey
 from litellm_disagg.routing.deployments import worker_id_of
-from litellm_disagg.routing.errors import client_error, unavailable
+from litellm_disagg.routing.errors import client_error, passthrough_refused, unavailable
 from litellm_disagg.routing.migration import TOKEN_ID_ENGINES
 from litellm_disagg.routing.orchestrator import NoPrefillAvailable, Orchestrator
 from litellm_disagg.routing.pool import WorkerPool
-from litellm_disagg.routing.request import DisaggRequest, strip_transfer_params
+from litellm_disagg.routing.request import DisaggRequest, is_passthrough, strip_transfer_params
 from litellm_disagg.routing.route_plan import NoDecodeWorker, RoutePlanner
 from litellm_disagg.transfer.prefill import PrefillRejected
 
@@ -111,6 +111,10 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
                 specific_deployment=specific_deployment,
                 request_kwargs=request_kwargs,
             )
+        if is_passthrough(request_kwargs):
+            # /vllm/{path}: a raw request to the worker that skips the pre-call hook (no metadata stripping) and
+            # cannot be split; refused for disaggregated groups (clients use /v1/chat/completions, /v1/completions).
+            raise passthrough_refused(model)
         pool = self._pool()
         candidates = [w for wid in ours if (w := pool.get(wid)) is not None]
         request = DisaggRequest.from_router_call(messages=messages, request_kwargs=request_kwargs)

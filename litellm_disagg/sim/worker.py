@@ -151,7 +151,8 @@ class SimWorker:
         if self.settings.kv_transfer == "push":
             assert self.engine is not None
             return VllmNixlPushTransfer(host=self.host, port=port, engine_id=self.engine.engine_id)
-        return VllmNixlTransfer(host=self.host, port=port)
+        # The engine id too, as the vLLM wrapper publishes it: routers check a prefill answer names this engine.
+        return VllmNixlTransfer(host=self.host, port=port, engine_id=self.engine.engine_id if self.engine else None)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
 

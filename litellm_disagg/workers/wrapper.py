@@ -159,6 +159,7 @@ class WorkerWrapper:
             block_size=facts.block_size,
             kv_events_endpoint=self.launch.kv_events_endpoint,
             tensor_parallel_size=self.spec.tensor_parallel_size,
+            api_key_required=self.spec.api_key is not None,
             state=WorkerState.READY,
         )
         self.registration = WorkerLifecycle(

@@ -52,15 +52,16 @@ def test_kv_events_and_extra_args():
     o = opts(kv_events_port=7000, extra_args=("--max-num-seqs", "8"))
     argv = vllm_argv(o)
     events = json.loads(flag(argv, "--kv-events-config"))
-    assert events["endpoint"] == "tcp://*:7000" and events["enable_kv_cache_events"] is True
+    assert events["endpoint"] == "tcp://127.0.0.1:7000" and events["enable_kv_cache_events"] is True  # never "*"
     assert argv[-2:] == ["--max-num-seqs", "8"]
 
 
 def test_the_adapter_launch_says_what_the_worker_publishes():
     launch = get_engine("vllm").adapter.launch(opts(kv_events_port=7000), python="py", base_env={"A": "1"})
-    assert launch.argv == tuple(vllm_argv(opts(kv_events_port=7000), python="py"))
-    assert launch.env == vllm_env(opts(), base={"A": "1"}) and launch.env["A"] == "1"
-    assert launch.transfer == VllmNixlTransfer(host="127.0.0.1", port=5600)
+    engine_id = launch.transfer.engine_id
+    assert engine_id and launch.argv == tuple(vllm_argv(opts(kv_events_port=7000), python="py", engine_id=engine_id))
+    assert launch.env == vllm_env(opts(kv_events_port=7000), base={"A": "1"}) and launch.env["A"] == "1"
+    assert launch.transfer == VllmNixlTransfer(host="127.0.0.1", port=5600, engine_id=engine_id)
     assert launch.kv_events_endpoint == "tcp://127.0.0.1:7000"
     assert get_engine("vllm").adapter.launch(opts()).kv_events_endpoint is None
 

@@ -3,7 +3,9 @@
 It answers chat and text completions (streaming or not) with a fixed text, answers prefill requests
 (``kv_transfer_params.do_remote_decode``) with made-up transfer params naming itself (engine ``engine-NAME``, side
 channel 127.0.0.1:``nixl_port``: what ``FakeWorker.transfer`` publishes), records every request body and
-header it receives (``GET /_requests``), and can be told to fail prefills with a status (``POST /_behaviour``).
+header it receives (``GET /_requests``), and can be told to fail prefills or decodes with a status (``POST /_behaviour``:
+``prefill_status``, ``decode_status``; ``requests: []`` forgets what it recorded). ``/v1/responses`` answers a minimal
+Responses object.
 Run in-process (``FakeWorker``) or as a process: ``python -m tests.support.fake_worker --port N``.
 """
 
@@ -47,9 +49,20 @@ def make_app(name: str, nixl_port: int = 1) -> Starlette:
                         "remote_request_id": request.headers.get("x-request-id", ""), "remote_block_ids": [[1, 2]],
                         "remote_host": "127.0.0.1", "remote_port": nixl_port, "tp_size": 1}
             return JSONResponse(_response(body, chat, "x") | {"kv_transfer_params": transfer})
+        if state.get("decode_status", 200) != 200:
+            return JSONResponse({"error": {"message": f"{name} told to fail"}}, status_code=state["decode_status"])
         if body.get("stream"):
             return StreamingResponse(_stream(body, chat), media_type="text/event-stream")
         return JSONResponse(_response(body, chat, ANSWER))
+
+    async def responses(request: Request) -> Response:
+        body = await record(request)
+        message = {"type": "message", "id": "msg_fake", "status": "completed", "role": "assistant",
+                   "content": [{"type": "output_text", "text": ANSWER, "annotations": []}]}
+        return JSONResponse({"id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": int(time.time()),
+                             "status": "completed", "model": body.get("model", "fake"), "output": [message],
+                             "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+                             "usage": {"input_tokens": 3, "output_tokens": 1, "total_tokens": 4}})
 
     async def requests_(request: Request) -> Response:
         return JSONResponse(state["requests"])
@@ -73,6 +86,7 @@ def make_app(name: str, nixl_port: int = 1) -> Starlette:
     return Starlette(routes=[
         Route("/v1/chat/completions", completion, methods=["POST"]),
         Route("/v1/completions", completion, methods=["POST"]),
+        Route("/v1/responses", responses, methods=["POST"]),
         Route("/_requests", requests_, methods=["GET"]),
         Route("/_behaviour", behaviour, methods=["POST"]),
         Route("/health", health, methods=["GET"]),

@@ -1,8 +1,9 @@
 """The command line and environment that start vLLM for one worker role. Pure functions: nothing is started here.
 
 - ``vllm_argv``: the OpenAI API server with the NixlConnector in the role's KV role (``kv_producer`` for prefill,
-  ``kv_consumer`` for decode, ``kv_both``), prefix caching on, KV events bound on ``tcp://*:PORT`` when asked, and on
-  CPU ``--enforce-eager --dtype float32``.
+  ``kv_consumer`` for decode, ``kv_both``), prefix caching on, KV events bound on the worker's transfer host (not
+  ``*``) when asked, and on CPU ``--enforce-eager --dtype float32``; a fresh NIXL engine id per start, published.
+- the worker's API key (``LaunchSpec.api_key``) goes to vLLM as ``VLLM_API_KEY`` in its environment, never argv.
 - ``vllm_env``: NIXL's side channel and vLLM's host IP on the transfer host (UCX kept on loopback when that host is);
   on CPU, no CPU thread binding, ``VLLM_CPU_KVCACHE_SPACE`` dropped when the cache size is given, and
   ``sitecustomize/`` on ``PYTHONPATH`` to turn NIXL's busy-spinning progress thread off.
@@ -52,8 +53,20 @@ def detect_device() -> Device:
 
 
 def kv_events_endpoint(spec: LaunchSpec) -> str | None:
-    """Where routers connect for the engine's KV events (vLLM binds ``tcp://*:PORT``)."""
+    """Where routers connect for the engine's KV events (the engine binds exactly this address: ``kv_events_bind``)."""
     return None if spec.kv_events_port is None else f"tcp://{spec.transfer_host}:{spec.kv_events_port}"
+
+
+def kv_events_bind(spec: LaunchSpec) -> str:
+    """The address vLLM's KV event publisher binds: the worker's transfer host, never every interface."""
+    return f"tcp://{_zmq_host(spec.transfer_host)}:{spec.kv_events_port}"
+
+
+def _zmq_host(host: str) -> str:
+    try:
+        return f"[{host}]" if ipaddress.ip_address(host).version == 6 else host
+    except ValueError:
+        return host
 
 
 def new_engine_id(spec: LaunchSpec) -> str:
@@ -90,7 +103,9 @@ def vllm_argv(spec: LaunchSpec, python: str | None = None, *, engine_id: str | N
         events = {
             "enable_kv_cache_events": True,
             "publisher": "zmq",
-            "endpoint": f"tcp://*:{spec.kv_events_port}",
+            # The worker's own address, not "*": vLLM binds only wildcard endpoints and connects to the rest, so
+            # sitecustomize/ makes it bind this one (LITELLM_DISAGG_KV_EVENTS_BIND, set by vllm_env).
+            "endpoint": kv_events_bind(spec),
             "topic": KV_EVENTS_TOPIC,
         }
         argv += ["--kv-events-config", json.dumps(events)]
@@ -107,6 +122,13 @@ def vllm_env(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[st
     env["VLLM_HOST_IP"] = spec.transfer_host
     if _is_loopback(spec.transfer_host):
         env.setdefault("UCX_NET_DEVICES", "lo")  # else UCX also listens on the machine's other interfaces
+    if spec.api_key is not None:
+        env["VLLM_API_KEY"] = spec.api_key  # vLLM's --api-key, kept off the command line (ps shows argv to everyone)
+    else:
+        env.pop("VLLM_API_KEY", None)
+    if spec.kv_events_port is not None:
+        env["LITELLM_DISAGG_KV_EVENTS_BIND"] = kv_events_bind(spec)
+        env["PYTHONPATH"] = _with_sitecustomize(env)
     if spec.device == "cpu":
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         if spec.kv_cache_bytes is not None:
@@ -114,8 +136,13 @@ def vllm_env(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[st
         # NIXL's progress thread spins a whole core with its default delay of 0: on CPU the cores are the engine's
         # compute. Paced to one round per millisecond it costs about 3% of a core and keeps transfers progressing.
         env.setdefault("LITELLM_DISAGG_NIXL_PROGRESS_DELAY_US", str(NIXL_PROGRESS_DELAY_US))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITECUSTOMIZE_DIR), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONPATH"] = _with_sitecustomize(env)
     return env
+
+
+def _with_sitecustomize(env: Mapping[str, str]) -> str:
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(SITECUSTOMIZE_DIR)]
+    return os.pathsep.join([str(SITECUSTOMIZE_DIR), *parts])
 
 
 def vllm_launch(
@@ -127,8 +154,10 @@ def vllm_launch(
         transfer = VllmNixlPushTransfer(host=spec.transfer_host, port=spec.transfer_port, engine_id=engine_id)
         argv = vllm_argv(spec, python, engine_id=engine_id)
     else:
-        transfer = VllmNixlTransfer(host=spec.transfer_host, port=spec.transfer_port)
-        argv = vllm_argv(spec, python)
+        # Published so that a router can check a prefill answer names this engine (engines/vllm/transfer.py).
+        engine_id = new_engine_id(spec)
+        transfer = VllmNixlTransfer(host=spec.transfer_host, port=spec.transfer_port, engine_id=engine_id)
+        argv = vllm_argv(spec, python, engine_id=engine_id)
     return EngineLaunch(
         argv=tuple(argv),
         env=MappingProxyType(vllm_env(spec, base_env)),

@@ -13,6 +13,11 @@ thread off, for experiments.
 
 The patch is applied lazily, when NIXL's ``_api`` module is first imported, so importing this file costs nothing and
 leaves NIXL's import-time environment handling alone.
+
+KV events: vLLM's ZMQ publisher binds only wildcard endpoints (``tcp://*:PORT``, every interface) and *connects* to
+a concrete one. With ``LITELLM_DISAGG_KV_EVENTS_BIND`` set (the wrapper sets it to the worker's own address), that
+exact endpoint is bound instead, so the event socket listens on the worker's address only. Applied lazily too, when
+``vllm.distributed.kv_events`` is first imported.
 """
 
 import importlib.abc
@@ -20,7 +25,9 @@ import importlib.util
 import os
 import sys
 
-_TARGETS = frozenset({"nixl_cu12._api", "nixl_cu13._api", "nixl_rocm._api"})
+_NIXL_TARGETS = frozenset({"nixl_cu12._api", "nixl_cu13._api", "nixl_rocm._api"})
+_KV_EVENTS_TARGET = "vllm.distributed.kv_events"
+_TARGETS = _NIXL_TARGETS | {_KV_EVENTS_TARGET}
 
 
 def _settings():
@@ -33,7 +40,24 @@ def _settings():
     return thread, delay_us
 
 
+def _patch_kv_events(module):
+    bind = os.environ.get("LITELLM_DISAGG_KV_EVENTS_BIND")
+    publisher = getattr(module, "ZmqEventPublisher", None)
+    if not bind or publisher is None or getattr(publisher, "_litellm_disagg_bind", None) == bind:
+        return
+    original = publisher.__dict__["_is_bind_endpoint"].__func__
+
+    def _is_bind_endpoint(endpoint):
+        return endpoint == bind or original(endpoint)
+
+    publisher._is_bind_endpoint = staticmethod(_is_bind_endpoint)
+    publisher._litellm_disagg_bind = bind
+
+
 def _patch(module):
+    if module.__name__ == _KV_EVENTS_TARGET:
+        _patch_kv_events(module)
+        return
     thread, delay_us = _settings()
     config_cls = getattr(module, "nixl_agent_config", None)
     if config_cls is not None and not thread and not getattr(config_cls, "_litellm_disagg_patched", False):
@@ -79,5 +103,5 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-if _settings() != (True, None):
+if _settings() != (True, None) or os.environ.get("LITELLM_DISAGG_KV_EVENTS_BIND"):
     sys.meta_path.insert(0, _Finder())
