@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from litellm_disagg.engines import engine_for
+from litellm_disagg.engines import transfer_for
 from litellm_disagg.engines.base import TransferHandle
 from litellm_disagg.routing.cooldown import FailureCooldown
 from litellm_disagg.routing.pool import WorkerPool
@@ -146,7 +146,7 @@ class KVReleases:
         if not attempt.unread or attempt.prefill is None or attempt.handle is None:
             return
         attempt.released = True
-        protocol = engine_for(attempt.prefill).transfer
+        protocol = transfer_for(attempt.prefill)  # a vLLM push worker's is the push protocol (no release)
         if not isinstance(protocol, ReleasesUnreadKV):
             return
         request = protocol.release_unread(attempt.handle)

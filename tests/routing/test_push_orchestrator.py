@@ -93,3 +93,27 @@ async def test_a_failed_prefill_aborts_its_decode_by_vllms_request_ids(failure):
     assert aborts and all(a == ("d", {"request_ids": ["chatcmpl-r1", "cmpl-r1-0"]}) for a in aborts)
     assert len(accounting) == 0
     assert cooldown.prefer_healthy([push("p1", "prefill"), push("p2", "prefill")])[0].worker_id == "p2"
+
+
+async def test_a_failed_push_attempt_sends_no_pull_release_and_raises_nothing():
+    """KV release speaks the prefill worker's own protocol: a push prefill is not released as a pull one (its
+    PushTicket is no KVTransferParams); the prefill engine's lease frees its blocks."""
+    from litellm_disagg.engines.vllm.push import VllmNixlPushProtocol
+    from litellm_disagg.routing.kv_release import KVReleases
+    from litellm_disagg.routing.pool import WorkerPool
+
+    sent = []
+
+    class Sender:
+        async def post_control(self, worker, path, body):
+            sent.append((worker.worker_id, path))
+
+    prefill = push("p1", "prefill")
+    pool = WorkerPool.of([prefill, DECODE])
+    releases = KVReleases(sender=Sender(), pool=lambda: pool, cooldown=FailureCooldown())
+    ticket = VllmNixlPushProtocol().open_transfer(prefill=prefill, decode=DECODE, request_id="r1")
+    releases.attempt("c", decode=DECODE, prefill=prefill, handle=ticket)
+    releases.ended("c", worker_id="d", failed=True)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert sent == [] and releases.open() == 0
