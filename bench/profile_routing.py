@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
-import io
 import pstats
 import random
 import sys
@@ -54,8 +53,6 @@ def report(title: str, fn: Callable[[], None], top: int) -> None:
     for (filename, line, name), (_, calls, tottime, _cum, _) in rows:
         where = f"{Path(filename).name}:{line}" if line else "~"
         print(f"  {100 * tottime / total:6.1f} {tottime * 1e3:8.1f} {calls:9d}  {name} ({where})")
-    out = io.StringIO()
-    pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(8)
 
 
 def decision_workload(args: argparse.Namespace) -> Callable[[], None]:
