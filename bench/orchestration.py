@@ -2,13 +2,15 @@
 
     .venv/bin/python -m bench.orchestration [--lengths 256,1024,4096,7000] [--requests 6] [--runs 3] [--speedup 1]
 
-Two simulated prefill/decode pairs with the same timing model (70B-class on H100s, ``litellm_disagg/sim``):
+Three simulated prefill/decode pairs with the same timing model (70B-class on H100s, ``litellm_disagg/sim``):
 
 - ``sequential``: vLLM's NixlConnector protocol. The router's ``Orchestrator`` sends the prefill and waits for its
   answer (``kv_transfer_params``); only then does the decode request start, and the decode pulls the KV.
 - ``concurrent``: SGLang's bootstrap protocol. The ``Orchestrator`` opens a room and starts the prefill in the
   background; the decode request starts at once, registers the room and allocates its blocks while the prefill
   computes; the prefill pushes the KV when done.
+- ``vllm-push``: vLLM's NixlPushConnector protocol (``engines/vllm/push.py``), also concurrent: the decode request
+  starts at once naming the prefill engine, and takes the KV once the prefill of the same request id holds it.
 
 TTFT is what a client of the decode sees: from the start of orchestration to the first streamed token. Each
 request has a fresh random prompt of exactly that many tokens (no prefix-cache hits), 4 output tokens. Runs are
@@ -42,12 +44,13 @@ from litellm_disagg.sim.settings import EngineSettings
 from litellm_disagg.sim.tokenizer import VOCAB_SIZE
 from litellm_disagg.transfer.prefill import PrefillClient
 
-ARMS = {"sequential": "vllm", "concurrent": "sglang"}
+ARMS = {"sequential": ("vllm", "pull"), "concurrent": ("sglang", "pull"), "vllm-push": ("vllm", "push")}
+"""arm -> (simulated engine, vLLM connector)."""
 
 
-def settings(engine_name: str, speedup: float, max_len: int) -> SimSettings:
+def settings(engine_name: str, speedup: float, max_len: int, kv_transfer: str = "pull") -> SimSettings:
     engine = EngineSettings(num_gpu_blocks=4096, max_model_len=max_len + 64, max_num_batched_tokens=8192)
-    return SimSettings(engine=engine, engine_name=engine_name).with_speedup(speedup)
+    return SimSettings(engine=engine, engine_name=engine_name, kv_transfer=kv_transfer).with_speedup(speedup)
 
 
 async def first_token_s(client: httpx.AsyncClient, orch: Orchestrator, plan: RoutePlan, prompt: list[int]) -> float:
@@ -74,8 +77,9 @@ async def run(args: argparse.Namespace) -> dict[str, dict[int, list[float]]]:
     clusters, plans = [], {}
     async with httpx.AsyncClient(timeout=120) as client:
         try:
-            for arm, engine_name in ARMS.items():
-                cluster = SimCluster(settings=settings(engine_name, args.speedup, max(lengths)), name=f"bench-{arm}")
+            for arm, (engine_name, kv_transfer) in ARMS.items():
+                arm_settings = settings(engine_name, args.speedup, max(lengths), kv_transfer)
+                cluster = SimCluster(settings=arm_settings, name=f"bench-{arm}")
                 clusters.append(cluster)
                 prefill, decode = await cluster.start(prefill=1, decode=1)
                 assert prefill.role is WorkerRole.PREFILL and prefill.config and decode.config
@@ -100,14 +104,19 @@ async def run(args: argparse.Namespace) -> dict[str, dict[int, list[float]]]:
 
 
 def table(results: dict[str, dict[int, list[float]]]) -> str:
-    lines = ["| prompt tokens | sequential (vLLM pull) | concurrent (SGLang push) | concurrent / sequential |",
-             "|---|---|---|---|"]
+    lines = ["| prompt tokens | sequential (vLLM pull) | concurrent (SGLang push) | concurrent (vLLM push) "
+             "| SGLang concurrent / sequential | vLLM push / sequential |",
+             "|---|---|---|---|---|---|"]
+
+    def span(values: list[float]) -> str:
+        return f"{min(values) * 1e3:.0f}-{max(values) * 1e3:.0f} ms"
+
     for n in results["sequential"]:
-        seq, conc = results["sequential"][n], results["concurrent"][n]
+        seq, conc, push = results["sequential"][n], results["concurrent"][n], results["vllm-push"][n]
         ratios = [c / s for s, c in zip(seq, conc, strict=True)]
-        seq_ms = f"{min(seq) * 1e3:.0f}-{max(seq) * 1e3:.0f} ms"
-        conc_ms = f"{min(conc) * 1e3:.0f}-{max(conc) * 1e3:.0f} ms"
-        lines.append(f"| {n:,} | {seq_ms} | {conc_ms} | {min(ratios):.2f}-{max(ratios):.2f} |")
+        push_ratios = [c / s for s, c in zip(seq, push, strict=True)]
+        lines.append(f"| {n:,} | {span(seq)} | {span(conc)} | {span(push)} | {min(ratios):.2f}-{max(ratios):.2f} "
+                     f"| {min(push_ratios):.2f}-{max(push_ratios):.2f} |")
     return "\n".join(lines)
 
 
