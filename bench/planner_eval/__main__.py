@@ -39,10 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--img-dir", type=Path, default=Path("docs/img"))
     ap.add_argument("--json", type=Path, default=Path("bench/results/planner_eval.json"))
     ap.add_argument("--no-timeline", action="store_true")
+    ap.add_argument("--duration-s", type=float, default=SearchSettings.duration_s, help="arrivals per goodput probe")
+    ap.add_argument("--warmup-s", type=float, default=SearchSettings.warmup_s, help="not counted in attainment")
+    ap.add_argument("--tol", type=float, default=SearchSettings.rel_tol, help="goodput bisection's relative tolerance")
     args = ap.parse_args(argv)
 
     seeds = [int(s) for s in args.seeds.split(",")]
-    search = SearchSettings()
+    search = SearchSettings(duration_s=args.duration_s, warmup_s=args.warmup_s, rel_tol=args.tol)
     if args.quick:
         seeds = seeds[:1]
         search = SearchSettings(duration_s=45.0, warmup_s=15.0, rel_tol=0.1)
@@ -54,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
 
     cells = goodput_table(PHASES, arm_names, seeds, slo, config, search, jobs=args.jobs)
     print(f"## Goodput (TTFT <= {slo.ttft_s:g} s, ITL <= {slo.itl_s * 1e3:g} ms, {args.workers} workers)\n")
+    print(f"Search: {search.duration_s:g} s of arrivals per probe, the first {search.warmup_s:g} s not counted, "
+          f"bisection to {search.rel_tol:.0%}.\n")
     print(report.goodput_markdown(cells, PHASES, args.workers, PLANNERS))
     print("\n### Every static split\n")
     print(report.sweep_markdown(cells, PHASES, args.workers))
