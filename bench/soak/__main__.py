@@ -1,7 +1,7 @@
 """Soak benchmark: concurrent streaming requests through the litellm-disagg strategy over simulated workers that
 join, drain and crash during the run. Prints the counts and latencies and writes a PNG.
 
-    .venv/bin/python -m bench.soak [--requests 1000] [--concurrency 300] [--prefill 3] [--decode 4] [--out bench/results]
+    .venv/bin/python -m bench.soak [--requests 1000] [--concurrency 300] [--prefill 3] [--decode 4] [--disconnects 40] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -55,11 +55,13 @@ def main() -> None:
     parser.add_argument("--speedup", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-chaos", action="store_true")
+    parser.add_argument("--disconnects", type=int, default=0,
+                        help="clients that go away (half right after their prefill, half after the first chunk)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     config = SoakConfig(requests=args.requests, concurrency=args.concurrency, prefill=args.prefill, decode=args.decode,
-                        speedup=args.speedup, seed=args.seed, chaos=not args.no_chaos)
+                        speedup=args.speedup, seed=args.seed, chaos=not args.no_chaos, disconnects=args.disconnects)
     report = asyncio.run(run_soak(config, Path(tempfile.mkdtemp(prefix="soak-"))))
     print(report.summary())
     out = Path(args.out)

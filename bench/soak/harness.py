@@ -39,6 +39,10 @@ class SoakConfig:
     seed: int = 0
     chaos: bool = True
     """Join, drain and crash workers (both roles) while the load runs."""
+    disconnects: int = 0
+    """Clients that go away: half of them right after their prefill (the proxy notices at its first write, before any
+    token: the decode's stream is closed unread), half after the first streamed chunk. Their requests end as
+    abandoned, not failed; their prefill KV must still be freed."""
 
 
 @dataclass
@@ -50,6 +54,8 @@ class Outcome:
     text: str = ""
     error: str = ""
     detail: str = ""
+    abandoned: bool = False
+    """The client went away on purpose (``SoakConfig.disconnects``)."""
     ttft_s: float | None = None
     latency_s: float = 0.0
     finished_at_s: float = 0.0
@@ -70,9 +76,16 @@ class SoakReport:
     def completed(self) -> int:
         return sum(1 for o in self.outcomes if o.ok)
 
+    held_kv_leases: int = 0
+    """Prefill blocks still held for a decode when the run ended and settled (KV nobody will read, not freed)."""
+
     @property
     def failed(self) -> int:
-        return sum(1 for o in self.outcomes if o.ends == 1 and not o.ok)
+        return sum(1 for o in self.outcomes if o.ends == 1 and not o.ok and not o.abandoned)
+
+    @property
+    def abandoned(self) -> int:
+        return sum(1 for o in self.outcomes if o.ends == 1 and o.abandoned)
 
     @property
     def lost(self) -> int:
@@ -97,21 +110,40 @@ class SoakReport:
         latencies = [o.latency_s for o in self.outcomes if o.ok]
         errors: dict[str, int] = {}
         for o in self.outcomes:
-            if o.ends == 1 and not o.ok:
+            if o.ends == 1 and not o.ok and not o.abandoned:
                 errors[o.error] = errors.get(o.error, 0) + 1
         lines = [
             f"requests {len(self.outcomes)}  concurrency {self.config.concurrency}  wall {self.wall_s:.1f}s",
             f"completed {self.completed}  failed cleanly {self.failed}  lost {self.lost}  ended twice {self.ended_twice}"
-            f"  wrong text {self.wrong_text}",
+            f"  wrong text {self.wrong_text}  abandoned by their clients {self.abandoned}"
+            f"  prefill KV still held at the end {self.held_kv_leases}",
             f"TTFT p50 {self.percentile(ttfts, 0.5) * 1000:.0f} ms  p99 {self.percentile(ttfts, 0.99) * 1000:.0f} ms;"
             f"  latency p50 {self.percentile(latencies, 0.5) * 1000:.0f} ms  p99 {self.percentile(latencies, 0.99) * 1000:.0f} ms"
             f"  mean {statistics.fmean(latencies) * 1000 if latencies else float('nan'):.0f} ms",
         ]
         lines += [f"  error: {count} x {name}" for name, count in sorted(errors.items())]
-        details = sorted({o.detail for o in self.outcomes if o.ends == 1 and not o.ok})
+        details = sorted({o.detail for o in self.outcomes if o.ends == 1 and not o.ok and not o.abandoned})
         lines += [f"    e.g. {d}" for d in details[:3]]
         lines += [f"  t={t:5.2f}s {what}" for t, what in self.events]
         return "\n".join(lines)
+
+
+def _held_leases(cluster: SimCluster) -> int:
+    return sum(len(w.engine.scheduler.leases) for w in cluster.workers_with(WorkerRole.PREFILL) if w.engine is not None)
+
+
+async def _close(stream: Any) -> None:
+    """Close a LiteLLM stream as the proxy does when its client disconnects (the response to the worker closes)."""
+    for name in ("aclose", "close"):
+        close = getattr(stream, name, None)
+        if close is not None:
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result
+            return
+    response = getattr(getattr(stream, "completion_stream", None), "aclose", None)
+    if response is not None:
+        await response()
 
 
 def _messages(i: int) -> list[dict[str, str]]:
@@ -158,15 +190,27 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
 
         start = time.monotonic()
         semaphore = asyncio.Semaphore(config.concurrency)
+        # Spread the clients that go away over the run: every k-th request, alternating the two kinds.
+        step = max(1, config.requests // config.disconnects) if config.disconnects else 0
+        leaving = {i: ("after_prefill" if n % 2 == 0 else "mid_stream")
+                   for n, i in enumerate(range(step // 2, config.requests, step or 1)) if step and n < config.disconnects}
 
         async def one(outcome: Outcome) -> None:
             async with semaphore:
                 t0 = time.monotonic()
+                leaves = leaving.get(outcome.index)
                 try:
                     data: dict[str, Any] = {"model": settings.model, "messages": _messages(outcome.index % config.prompts),
                                             "max_tokens": config.max_tokens, "stream": True}
                     await plugin.async_pre_call_hook(None, None, data, "acompletion")
-                    stream = await router.acompletion(**data)
+                    opened = await router.acompletion(**data)
+                    if leaves == "after_prefill":
+                        # Gone once its prefill is done: the proxy closes the decode's stream at its first write.
+                        outcome.abandoned = True
+                        await _close(opened)
+                        raise ConnectionAbortedError("the client went away after its prefill")
+                    # Through the plugin's stream hook, as the proxy streams (request migration lives there).
+                    stream = plugin.async_post_call_streaming_iterator_hook(None, opened, data)
                     pieces: list[str] = []
                     async for chunk in stream:
                         delta = chunk.choices[0].delta.content if chunk.choices else None
@@ -174,6 +218,12 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
                             if outcome.ttft_s is None:
                                 outcome.ttft_s = time.monotonic() - t0
                             pieces.append(delta)
+                            if leaves == "mid_stream":
+                                # The client closes its connection after the first chunk: the stream is closed.
+                                outcome.abandoned = True
+                                await stream.aclose()
+                                await _close(opened)
+                                raise ConnectionAbortedError("the client went away mid-stream")
                     outcome.text = "".join(pieces)
                     outcome.ok = True
                 except Exception as exc:  # a clean failure: the client sees an exception
@@ -222,6 +272,12 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
         report.wall_s = time.monotonic() - start
         for task in tasks:
             task.cancel()
+        # KV held for decodes nobody will make must be freed: by the decode's read, a release, or an abort.
+        loop = asyncio.get_running_loop()
+        settle_until = loop.time() + 10.0
+        while (held := _held_leases(cluster)) and loop.time() < settle_until:
+            await asyncio.sleep(0.1)
+        report.held_kv_leases = held
     finally:
         await plugin.detach()
         await cluster.close()
