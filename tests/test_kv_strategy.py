@@ -75,7 +75,14 @@ async def test_repeated_prefix_goes_where_it_is_cached(tmp_path, caplog):
         first_decode = {k for k, v in served(cluster, WorkerRole.DECODE).items() if v}
         first_prefill = {k for k, v in served(cluster, WorkerRole.PREFILL).items() if v}
         assert len(first_decode) == 1 and len(first_prefill) == 1
-        await asyncio.sleep(0.3)  # KV events reach the index (the predicted entries would do meanwhile)
+        # KV events from both workers that served reach the index (the predicted entries would do meanwhile); on two
+        # loaded cores a fixed pause was not always enough, so wait for the events themselves.
+        served_by = first_decode | first_prefill
+        for _ in range(400):
+            stats = controller.kv.event_stats()
+            if all(stats.get(w) is not None and stats[w].stored_blocks > 0 for w in served_by):
+                break
+            await asyncio.sleep(0.025)
         for i in range(6):
             await ask(plugin, router, f"follow-up {i}")
         decode_counts = served(cluster, WorkerRole.DECODE)
