@@ -68,7 +68,7 @@ class Traffic:
 
     async def at_least(self, more: int) -> None:
         target = self.sent + more
-        await eventually(lambda: self.sent >= target or bool(self.failures), timeout_s=60)
+        await eventually(lambda: self.sent >= target or bool(self.failures), timeout_s=180)
 
     async def stop(self) -> None:
         self._stop.set()
@@ -97,7 +97,7 @@ async def test_workers_change_pool_under_steady_traffic_through_the_proxy(tmp_pa
                     # decode -> prefill: flip-d leaves the decode pool and prefills (it is no deployment any more, so
                     # what it finishes once its last decodes are done is prefill work).
                     await planner.request_role("flip-d", WorkerRole.PREFILL)
-                    await eventually(lambda: flip_d.role is WorkerRole.PREFILL, timeout_s=10)
+                    await eventually(lambda: flip_d.role is WorkerRole.PREFILL, timeout_s=30)
                     await traffic.at_least(8)
                     baseline = flip_d.engine.stats.finished
                     await traffic.at_least(12)
@@ -106,7 +106,7 @@ async def test_workers_change_pool_under_steady_traffic_through_the_proxy(tmp_pa
                     # prefill -> decode: flip-p joins the decode pool and pulls KV from the prefill workers.
                     pulled = await metric(c, flip_p, EXTERNAL, source="external_kv_transfer")
                     await planner.request_role("flip-p", WorkerRole.DECODE)
-                    await eventually(lambda: flip_p.role is WorkerRole.DECODE, timeout_s=10)
+                    await eventually(lambda: flip_p.role is WorkerRole.DECODE, timeout_s=30)
                     await traffic.at_least(16)
                     assert await metric(c, flip_p, EXTERNAL, source="external_kv_transfer") > pulled, \
                         "no decode landed on the flipped worker"
