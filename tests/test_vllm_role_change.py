@@ -145,10 +145,10 @@ def _chat(i: int) -> list[dict]:
     return [{"role": "user", "content": f"Flip {i}: tell me about pools of workers. " * 6}]
 
 
-def _references(workers: Workers, n: int, offset: int) -> list[str]:
+def _references(workers: Workers, n: int, offset: int, max_tokens: int = 128) -> list[str]:
     """Aggregated greedy outputs from the producer, which the proxy never sees."""
     direct = openai.OpenAI(base_url=f"{workers.producer.url}/v1", api_key="none", max_retries=0, timeout=120)
-    return [direct.chat.completions.create(model="tiny", messages=_chat(offset + i), max_tokens=128, temperature=0)
+    return [direct.chat.completions.create(model="tiny", messages=_chat(offset + i), max_tokens=max_tokens, temperature=0)
             .choices[0].message.content for i in range(n)]
 
 
@@ -213,7 +213,7 @@ def test_the_role_command_moves_it_back_to_prefill_under_traffic(workers, proxy)
     prefilled, pulled = prefills_served(workers.both), external_tokens(workers.consumer)
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=MASTER_KEY, max_retries=0, timeout=120)
     reply = client.chat.completions.create(model="tiny", messages=_chat(200), max_tokens=8, temperature=0)
-    assert reply.choices[0].message.content == _references(workers, 1, offset=200)[0]
+    assert reply.choices[0].message.content == _references(workers, 1, offset=200, max_tokens=8)[0]
     assert prefills_served(workers.both) == prefilled + 1
     assert external_tokens(workers.consumer) - pulled >= reply.usage.prompt_tokens - 1
 
