@@ -27,9 +27,15 @@ def collect(cluster: Cluster, now: float) -> ClusterSignals:
     since = now - window
     ttft: list[float] = []
     itl: list[float] = []
+    prefill: list[float] = []
     for req in reversed(cluster.requests):
         if req.arrival < since - 600:
             break  # requests are in arrival order; none this old finished in the window
+        if req.remote and req.prefill_done is not None:
+            if req.prefill_done >= since:
+                prefill.append((req.prefill_done - req.arrival) * 1e3)
+        elif req.first_token is not None and req.first_token >= since:
+            prefill.append((req.first_token - req.arrival) * 1e3)
         if cluster.config.prefill_side_ttft and req.remote and req.prefill_done is not None:
             if req.prefill_done >= since:
                 ttft.append((req.prefill_done - req.arrival) * 1e3)
@@ -60,5 +66,6 @@ def collect(cluster: Cluster, now: float) -> ClusterSignals:
         itl=LatencyWindow.of(itl, QUANTILE),
         transfer=LatencyWindow.of(transfers, QUANTILE),
         prefill_tokens_per_s=cluster.config.timing.prefill_tokens_per_s,
+        prefill_time=LatencyWindow.of(prefill, QUANTILE),
     )
     return ClusterSignals.of([model])

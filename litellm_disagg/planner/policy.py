@@ -8,8 +8,11 @@ How it decides, per served model, at every step:
 
 1. **Pressures**, dimensionless, 1.0 = exactly at the SLO (``planner.ttft_ms``, ``planner.itl_ms``):
 
-   - prefill pressure = max(TTFT percentile / TTFT SLO, estimated prefill queue wait / TTFT SLO), where the wait is
-     the prefill pool's queued prompt tokens over its measured throughput (skipped while the rate is unknown);
+   - prefill pressure = max(prefill-time percentile / TTFT SLO, estimated prefill queue wait / TTFT SLO), where the
+     wait is the prefill pool's queued prompt tokens over its measured throughput (skipped while the rate is
+     unknown), and the prefill time is arrival to the prefill's answer (``ModelSignals.prefill_time``). Without a
+     prefill-time window the TTFT percentile stands in, except while the decode side is full (occupancy or KV term
+     >= 1): then TTFT holds decode-side waits (pulls queued for KV) and is no prefill evidence;
    - decode pressure = max(ITL percentile / ITL SLO, decode batch occupancy / ``occupancy_high``,
      decode KV usage / ``kv_usage_high``); the largest term is the decode *driver* (``itl``, ``occupancy``, ``kv``).
 
@@ -23,7 +26,9 @@ How it decides, per served model, at every step:
    ============== ======================================================== =================================
    overloaded     a side is above 1 and the other has no headroom          none (desired sizes grow that side)
    prefill_bound  prefill > 1, decode < ``headroom``                       decode, then both -> prefill
-   decode_bound   decode > 1, prefill < ``headroom``                       ITL-driven: prefill, then both ->
+   decode_bound   decode > 1, prefill < ``headroom``; or (disaggregated)  prefill < ``aggregate_below``:
+                  decode >= ``headroom`` and prefill < ``aggregate_below``  prefill, then decode -> both;
+                                                                           otherwise ITL-driven: prefill, then both ->
                                                                            decode; KV/occupancy-driven:
                                                                            prefill -> both (its KV joins the
                                                                            decode side, it still prefills)
@@ -46,7 +51,10 @@ How it decides, per served model, at every step:
    ago is not moved again; a move never leaves fewer than ``min_prefill_workers`` workers able to prefill or
    ``min_decode_workers`` able to decode (``both`` counts for each); a worker is only asked for a role its launch
    serves (``WorkerSignals.servable_roles``, from the published ``allowed_roles``); draining or starting workers
-   are in no pool and never moved; at most ``max_moves_per_step`` moves per model per step. Among candidates the
+   are in no pool and never moved; no move until ``window_s`` after the model's last move (the latency windows
+   still hold the old layout's requests: acting on them overshoots). Moves per step: ``wanted_moves`` (in
+   proportion to how far the pressed side is over its SLO, all up to ``max_moves_per_step`` when idle prefill
+   workers go to ``both``). Among candidates the
    least busy goes first (fewest running, then waiting requests, then worker id: deterministic).
 
 5. **Desired pool sizes** (for an external autoscaler): the layout after this step's moves; plus one worker on the
@@ -62,6 +70,7 @@ time of its last move. Everything else is a function of ``signals`` and ``now``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -100,6 +109,7 @@ class Pressures:
     occupancy_ratio: float | None = None
     kv_ratio: float | None = None
     transfer_share: float | None = None
+    prefill_time_ratio: float | None = None
 
     def as_fields(self) -> dict[str, float | str | None]:
         """Flat fields for a log line or a metric (names are the ``planner_signal`` label values)."""
@@ -113,6 +123,7 @@ class Pressures:
             "occupancy_ratio": _round(self.occupancy_ratio),
             "kv_ratio": _round(self.kv_ratio),
             "transfer_share": _round(self.transfer_share),
+            "prefill_time_ratio": _round(self.prefill_time_ratio),
         }
 
 
@@ -191,6 +202,9 @@ class _ModelState:
     scale_down_streak: int = 0
     drain: str | None = None
     """The worker named to drain, kept while the pool stays underloaded and the worker in it."""
+    last_move_at: float | None = None
+    """When this model's last move was decided (the latency windows before ``last_move_at + window_s`` still hold
+    requests served by the old layout)."""
 
 
 @dataclass
@@ -215,14 +229,20 @@ def pressures(model: ModelSignals, settings: PlannerSettings) -> Pressures:
     kv = decode_pool.kv_usage
     occupancy_ratio = None if occupancy is None else occupancy / settings.occupancy_high
     kv_ratio = None if kv is None else kv / settings.kv_usage_high
-    prefill = max((r for r in (ttft_ratio, queue_ratio) if r is not None), default=0.0)
+    prefill_time_ratio = model.prefill_time.ratio(settings.ttft_ms, settings.min_samples)
+    decode_full = any(r is not None and r >= 1.0 for r in (occupancy_ratio, kv_ratio))
+    # The prefill side's own evidence: its queue and its prefill-time window. End-to-end TTFT also holds decode-side
+    # waits (pulls queued for KV), so it counts only when no prefill-time window is measured and the decode side is
+    # not full (a TTFT inflated by a full decode side is decode pressure, not prefill pressure).
+    latency_term = prefill_time_ratio if prefill_time_ratio is not None else (None if decode_full else ttft_ratio)
+    prefill = max((r for r in (latency_term, queue_ratio) if r is not None), default=0.0)
     decode_terms = [(DecodeDriver.ITL, itl_ratio), (DecodeDriver.OCCUPANCY, occupancy_ratio), (DecodeDriver.KV, kv_ratio)]
     known = [(driver, r) for driver, r in decode_terms if r is not None]
     driver, decode = max(known, key=lambda t: t[1]) if known else (DecodeDriver.NONE, 0.0)
     if decode <= 0.0:
         driver = DecodeDriver.NONE
     return Pressures(prefill, decode, driver, ttft_ratio, queue_ratio, itl_ratio, occupancy_ratio, kv_ratio,
-                     transfer_share)
+                     transfer_share, prefill_time_ratio)
 
 
 def condition_of(p: Pressures, settings: PlannerSettings, *, disaggregated: bool) -> Condition:
@@ -233,6 +253,11 @@ def condition_of(p: Pressures, settings: PlannerSettings, *, disaggregated: bool
         return Condition.PREFILL_BOUND if p.decode < settings.headroom else Condition.OVERLOADED
     if p.decode > 1.0:
         return Condition.DECODE_BOUND if p.prefill < settings.headroom else Condition.OVERLOADED
+    if (settings.allow_aggregated and disaggregated and p.prefill < settings.aggregate_below
+            and p.decode >= settings.headroom):
+        # prefill nearly idle while decode nears its SLO: the idle prefill workers join the decode side (as
+        # ``both``) before decode misses it; the latency windows lag a shift by up to ``window_s``
+        return Condition.DECODE_BOUND
     if settings.allow_aggregated and disaggregated:
         if p.prefill < settings.aggregate_below and p.decode < settings.aggregate_below:
             return Condition.LOW_LOAD
@@ -271,12 +296,42 @@ def _routes(condition: Condition, p: Pressures, settings: PlannerSettings) -> li
     if condition is Condition.PREFILL_BOUND:
         return [(WorkerRole.DECODE, WorkerRole.PREFILL), (WorkerRole.BOTH, WorkerRole.PREFILL)]
     if condition is Condition.DECODE_BOUND:
+        if settings.allow_aggregated and p.prefill < settings.aggregate_below:
+            # prefill is nearly idle: its workers join the decode side and still prefill (short prompts ride on
+            # decode steps almost for free), then decode workers prefill locally too (no transfer)
+            return [(WorkerRole.PREFILL, WorkerRole.BOTH), (WorkerRole.DECODE, WorkerRole.BOTH)]
         if p.decode_driver in (DecodeDriver.KV, DecodeDriver.OCCUPANCY) and settings.allow_aggregated:
             return [(WorkerRole.PREFILL, WorkerRole.BOTH)]
         return [(WorkerRole.PREFILL, WorkerRole.DECODE), (WorkerRole.BOTH, WorkerRole.DECODE)]
     if condition in (Condition.LOW_LOAD, Condition.TRANSFER_COSTLY):
         return [(WorkerRole.PREFILL, WorkerRole.BOTH), (WorkerRole.DECODE, WorkerRole.BOTH)]
     return []
+
+
+def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settings: PlannerSettings) -> int:
+    """How many workers to move this step (module docstring, step 4): in proportion to how far the pressed side is
+    over its SLO, ``ceil(pool size x (pressure - 1) / 4)`` (a latency ratio overstates the capacity missing; the next
+    step's fresh evidence asks for the rest; fewer when the decode side would lose its headroom), at least 1, at most ``max_moves_per_step``. When the moves go to ``both`` because
+    prefill is nearly idle (``low_load``, ``decode_bound`` under ``aggregate_below``), ``max_moves_per_step``: those
+    workers' prefill capacity is wasted, and a ``both`` worker still prefills. ``transfer_costly`` moves one."""
+    cap = settings.max_moves_per_step
+    if condition is Condition.LOW_LOAD or (condition is Condition.DECODE_BOUND and settings.allow_aggregated
+                                           and p.prefill < settings.aggregate_below):
+        return cap
+    if condition is Condition.PREFILL_BOUND:
+        pressure, size = p.prefill, model.prefill_pool.size
+        # the decode side gives workers away only while its capacity terms (which scale with its size) stay
+        # under ``headroom`` with fewer workers
+        source, source_size = max(p.occupancy_ratio or 0.0, p.kv_ratio or 0.0), model.decode_pool.size
+    elif condition is Condition.DECODE_BOUND:
+        pressure, size = p.decode, model.decode_pool.size
+        source, source_size = 0.0, model.prefill_pool.size
+    else:
+        return 1
+    wanted = max(1, min(cap, math.ceil(max(1, size) * (pressure - 1.0) / 4.0)))
+    while wanted > 1 and source_size - wanted > 0 and source * source_size / (source_size - wanted) >= settings.headroom:
+        wanted -= 1
+    return wanted
 
 
 class Planner:
@@ -319,23 +374,28 @@ class Planner:
                 held = f"hysteresis {streak}/{s.hysteresis_steps}"
             elif model.flipping:
                 held = "flip in progress: " + ",".join(sorted(w.worker_id for w in model.flipping))
+            elif state.last_move_at is not None and now - state.last_move_at < s.window_s:
+                held = f"settling: the latency window predates the last move ({now - state.last_move_at:.1f} s ago)"
             else:
-                moves, layout, held, no_candidate = self._pick_moves(model, condition, routes, layout, now)
+                limit = wanted_moves(condition, p, model, s)
+                moves, layout, held, no_candidate = self._pick_moves(model, condition, routes, layout, now, limit)
                 if moves:
                     state.streak = 0
+                    state.last_move_at = now
         moved = {m.worker_id for m in moves}
         desired, drain = self._desired(model, p, condition, layout, no_candidate, state, moved)
         return ModelDecision(model.model, condition, streak, p, tuple(moves), desired, current, drain, held)
 
     def _pick_moves(self, model: ModelSignals, condition: Condition, routes: list[tuple[WorkerRole, WorkerRole]],
-                    layout: DesiredPools, now: float) -> tuple[list[RoleMove], DesiredPools, str | None, bool]:
+                    layout: DesiredPools, now: float,
+                    limit: int) -> tuple[list[RoleMove], DesiredPools, str | None, bool]:
         s = self._settings
         moves: list[RoleMove] = []
         blocked: set[str] = set()
         any_candidate = False
         for src, dst in routes:
             for worker in _least_busy(model.with_role(src)):
-                if len(moves) >= s.max_moves_per_step:
+                if len(moves) >= limit:
                     break
                 if not worker.can_serve(dst):
                     blocked.add("launch cannot serve " + dst.value)

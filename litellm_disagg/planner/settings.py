@@ -35,15 +35,15 @@ class PlannerSettings(BaseModel):
     """Inter-token-latency SLO."""
     quantile: Annotated[float, Field(gt=0, le=1)] = 0.9
     """Which percentile of the window is held against the SLOs."""
-    window_s: Annotated[float, Field(gt=0)] = 30.0
+    window_s: Annotated[float, Field(gt=0)] = 10.0
     """Latencies are taken over the requests of the last ``window_s`` seconds."""
     min_samples: Annotated[int, Field(ge=1)] = 5
     """A latency percentile over fewer requests than this is no evidence (treated as unknown)."""
-    interval_s: Annotated[float, Field(gt=0)] = 5.0
+    interval_s: Annotated[float, Field(gt=0)] = 2.0
     """Seconds between two planner steps."""
-    hysteresis_steps: Annotated[int, Field(ge=1)] = 3
+    hysteresis_steps: Annotated[int, Field(ge=1)] = 2
     """A condition must hold this many consecutive steps before the planner acts on it."""
-    cooldown_s: Annotated[float, Field(ge=0)] = 60.0
+    cooldown_s: Annotated[float, Field(ge=0)] = 20.0
     """A worker the planner moved is not moved again for this long."""
     min_prefill_workers: Annotated[int, Field(ge=0)] = 1
     """Workers that can prefill (``prefill`` or ``both``) the planner always leaves per model."""
@@ -69,8 +69,9 @@ class PlannerSettings(BaseModel):
     flip_timeout_s: Annotated[float, Field(gt=0)] = 180.0
     """A role request the worker has not followed (published) within this long is given up (logged); the worker's
     old role's in-flight work must finish first, so keep it above the longest request."""
-    max_moves_per_step: Annotated[int, Field(ge=1)] = 1
-    """Role changes per model per step."""
+    max_moves_per_step: Annotated[int, Field(ge=1)] = 3
+    """Most role changes per model per step; a step moves ``ceil(pool x (pressure - 1) / 2)`` workers of the
+    pressed side, capped here (one for the ``both`` moves at low load)."""
     hook_command: list[str] | None = None
     """Run when the desired pool sizes change: argv (no shell), with ``MODEL PREFILL DECODE BOTH`` appended and the
     same in ``LITELLM_DISAGG_DESIRED_*`` environment variables. For an external autoscaler."""

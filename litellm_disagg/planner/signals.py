@@ -169,6 +169,10 @@ class ModelSignals:
     """Measured KV transfer time per disaggregated request (prefill answer to decode start)."""
     prefill_tokens_per_s: float | None = None
     """Measured prefill throughput of one worker (tokens/s), used to turn queued tokens into a wait; None: unknown."""
+    prefill_time: LatencyWindow = field(default_factory=LatencyWindow)
+    """Prefill time of the requests whose prefill finished in the window: arrival to the prefill's answer for a
+    disaggregated request, arrival to first token for a local one. Unlike TTFT it holds no decode-side wait (a pull
+    queued for KV blocks); empty when the collector does not measure it (the policy then falls back to TTFT)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workers", tuple(self.workers))

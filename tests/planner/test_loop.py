@@ -211,7 +211,7 @@ async def test_the_loop_runs_the_hook_in_the_background_in_order(tmp_path: Path)
               "open(sys.argv[1], 'a').write(' '.join(sys.argv[3:]) + '\\n')")
     registry = MemoryRegistry([worker("p0", "prefill"), worker("d0", "decode"), worker("d1", "decode")])
     latency, clock = DrivenLatency(), Clock()
-    s = settings(hysteresis_steps=1)
+    s = settings(hysteresis_steps=1, window_s=1)  # the second move needs no settling time after the first
     loop = PlannerLoop(s, registry, SignalCollector(s, latency), FileLock(tmp_path / LOCK_FILE), clock=clock,
                        hook=DesiredHook([sys.executable, "-c", script, str(out), str(gate)], timeout_s=60))
     try:

@@ -23,8 +23,9 @@ MODEL = "m"
 
 
 def settings(**kw: object) -> PlannerSettings:
+    # one move per step and no settling time unless a test asks for them (their own tests below)
     base: dict[str, object] = {"ttft_ms": 1000, "itl_ms": 50, "hysteresis_steps": 1, "cooldown_s": 30,
-                               "min_samples": 1}
+                               "min_samples": 1, "max_moves_per_step": 1, "window_s": 1e-6}
     base.update(kw)
     return PlannerSettings.model_validate(base)
 
@@ -152,7 +153,7 @@ def test_prefill_bound_from_aggregated_splits_a_both_worker() -> None:
 
 
 def test_decode_bound_by_itl_moves_prefill_to_decode() -> None:
-    step = Planner(settings()).step(cluster(layout(2, 1), ttft=100, itl=80), now=0)
+    step = Planner(settings()).step(cluster(layout(2, 1), ttft=500, itl=80), now=0)
     assert [(m.worker_id, m.to_role) for m in step.moves] == [("p0", D)]
     assert step.decisions[0].pressures.decode_driver is DecodeDriver.ITL
 
@@ -198,10 +199,10 @@ def test_minimum_pools_hold() -> None:
     # ... and the planner asks for one more prefill worker instead
     assert step.decisions[0].desired.prefill == 2
     # min_prefill_workers=2: the second prefill worker stays
-    step = Planner(settings(min_prefill_workers=2)).step(cluster(layout(2, 1), ttft=100, itl=80), now=0)
+    step = Planner(settings(min_prefill_workers=2)).step(cluster(layout(2, 1), ttft=500, itl=80), now=0)
     assert step.moves == ()
     # min_prefill_workers=0: the last prefill worker may go to decode
-    step = Planner(settings(min_prefill_workers=0)).step(cluster(layout(1, 1), ttft=100, itl=80), now=0)
+    step = Planner(settings(min_prefill_workers=0)).step(cluster(layout(1, 1), ttft=500, itl=80), now=0)
     assert [(m.worker_id, m.to_role) for m in step.moves] == [("p0", D)]
 
 
@@ -223,7 +224,7 @@ def test_hysteresis_needs_consecutive_steps_and_restarts_after_a_move() -> None:
 def test_cooldown_blocks_a_second_move_of_the_same_worker() -> None:
     planner = Planner(settings(cooldown_s=30, min_prefill_workers=0))
     workers = [w("p0", P), w("d0", D)]
-    (move,) = planner.step(cluster(workers, ttft=100, itl=80), 0).moves
+    (move,) = planner.step(cluster(workers, ttft=500, itl=80), 0).moves
     assert move.worker_id == "p0" and move.to_role is D
     workers = [w("p0", D), w("d0", D)]
     # now prefill is hot: p0 is the least busy decode worker, but cooling down; d0 moves instead
@@ -231,10 +232,10 @@ def test_cooldown_blocks_a_second_move_of_the_same_worker() -> None:
     assert move.worker_id == "d0"
     workers = [w("p0", D), w("d0", P)]
     # decode hot again at t=20: d0 cooling down (moved at 10), p0 is not a prefill worker: nothing
-    step = planner.step(cluster(workers, ttft=100, itl=80), 20)
+    step = planner.step(cluster(workers, ttft=500, itl=80), 20)
     assert step.moves == () and "cooldown" in (step.decisions[0].held or "")
     # after the cooldown it may move
-    assert [m.worker_id for m in planner.step(cluster(workers, ttft=100, itl=80), 41).moves] == ["d0"]
+    assert [m.worker_id for m in planner.step(cluster(workers, ttft=500, itl=80), 41).moves] == ["d0"]
 
 
 def test_no_move_while_a_flip_is_in_progress() -> None:
@@ -253,7 +254,7 @@ def test_draining_and_starting_workers_are_never_moved_or_counted() -> None:
 
 
 def test_max_moves_per_step() -> None:
-    step = Planner(settings(max_moves_per_step=2)).step(cluster(layout(1, 4), ttft=3000, itl=10), 0)
+    step = Planner(settings(max_moves_per_step=2)).step(cluster(layout(1, 4), ttft=9000, itl=10), 0)
     assert [m.worker_id for m in step.moves] == ["d0", "d1"]
     assert step.decisions[0].desired.prefill == 3
 
