@@ -222,9 +222,17 @@ async def test_decode_crash_is_retried_elsewhere_with_a_fresh_prefill(stack):
     for _ in range(4):
         response = await chat(stack)
         assert response.choices[0].message.content == ANSWER
-    decodes = await recorded(d2)
+    from litellm_disagg.engines.vllm.transfer import RELEASE_MODEL
+
+    seen = await recorded(d2)
+    decodes = [d for d in seen if d["body"]["model"] != RELEASE_MODEL]
+    releases = [d for d in seen if d["body"]["model"] == RELEASE_MODEL]
     prefills = await recorded(prefill)
     assert len(decodes) == 4
+    # The first attempt's prefill, which the dead d1 never read, is released through the live decode worker.
+    assert len(releases) >= 1 and releases[0]["body"]["kv_transfer_params"]["remote_request_id"] == (
+        prefills[0]["headers"]["x-request-id"]
+    )
     # Every decode that reached d2 carries the params of its own prefill (a retry never reuses stale ones).
     request_ids = [p["headers"]["x-request-id"] for p in prefills]
     assert len(set(request_ids)) == len(request_ids) >= 4
