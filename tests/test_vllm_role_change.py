@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import time
 import subprocess
 import sys
 
@@ -100,7 +101,6 @@ def test_every_kv_role_serves_an_aggregated_request(workers, kv_role):
 PAIRS = list(itertools.permutations(["kv_both", "kv_consumer", "kv_producer"], 2))
 
 
-@pytest.mark.xfail(strict=False, reason="kv_both->kv_producer pulled 0 tokens in one fresh-clone CI run (cause not found)")
 @pytest.mark.parametrize(("prefill_role", "decode_role"), PAIRS, ids=[f"{p}->{d}" for p, d in PAIRS])
 def test_every_kv_role_prefills_for_and_decodes_from_every_other(workers, prefill_role, decode_role):
     """A prefill-style request (do_remote_decode) on one launch, the decode-style request (do_remote_prefill, pulling
@@ -118,7 +118,14 @@ def test_every_kv_role_prefills_for_and_decodes_from_every_other(workers, prefil
     before = external_tokens(decode)
     reply = complete(decode, prompt, max_tokens=16, params=params, rid=rid)
     assert reply["choices"][0]["text"] == reference
-    assert external_tokens(decode) - before >= reply["usage"]["prompt_tokens"] - 1  # the prompt came over NIXL
+    # The prompt came over NIXL. vLLM's /metrics can trail the answer (a fresh-clone CI run read 0 right after it),
+    # so wait for the counter rather than read it once.
+    wanted = reply["usage"]["prompt_tokens"] - 1
+    for _ in range(120):
+        if external_tokens(decode) - before >= wanted:
+            break
+        time.sleep(0.25)
+    assert external_tokens(decode) - before >= wanted
 
 
 # -- a worker changes pool under traffic through the real proxy ------------------------------------------------------
