@@ -144,7 +144,8 @@ async def test_the_vllm_wrapper_publishes_its_start_role_and_follows_requests(tm
     planner = registry(tmp_path)
     run = asyncio.create_task(wrapper.run())
     try:
-        await eventually(lambda: wrapper.registration is not None, timeout_s=30)
+        # ``registration`` exists just before its first publish: wait for the entry, not for the object.
+        await eventually(lambda: wrapper.registration is not None and wrapper.registration.heartbeating, timeout_s=30)
         assert await published_role(planner, "w1") is WorkerRole.PREFILL
         assert (await planner.snapshot())[0].allowed_roles == ALL
         await planner.request_role("w1", WorkerRole.DECODE)
