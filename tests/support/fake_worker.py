@@ -4,7 +4,8 @@ It answers chat and text completions (streaming or not) with a fixed text, answe
 (``kv_transfer_params.do_remote_decode``) with made-up transfer params naming itself (engine ``engine-NAME``, side
 channel 127.0.0.1:``nixl_port``: what ``FakeWorker.transfer`` publishes), records every request body and
 header it receives (``GET /_requests``), and can be told to fail prefills or decodes with a status (``POST /_behaviour``:
-``prefill_status``, ``decode_status``; ``requests: []`` forgets what it recorded). ``/v1/responses`` answers a minimal
+``prefill_status``, ``decode_status``; ``decode_delay_s`` stalls each decode that long before it answers;
+``requests: []`` forgets what it recorded). ``/v1/responses`` answers a minimal
 Responses object.
 Run in-process (``FakeWorker``) or as a process: ``python -m tests.support.fake_worker --port N``.
 """
@@ -49,6 +50,8 @@ def make_app(name: str, nixl_port: int = 1) -> Starlette:
                         "remote_request_id": request.headers.get("x-request-id", ""), "remote_block_ids": [[1, 2]],
                         "remote_host": "127.0.0.1", "remote_port": nixl_port, "tp_size": 1}
             return JSONResponse(_response(body, chat, "x") | {"kv_transfer_params": transfer})
+        if state.get("decode_delay_s"):
+            await asyncio.sleep(float(state["decode_delay_s"]))
         if state.get("decode_status", 200) != 200:
             return JSONResponse({"error": {"message": f"{name} told to fail"}}, status_code=state["decode_status"])
         if body.get("stream"):
