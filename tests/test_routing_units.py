@@ -36,3 +36,33 @@ def test_reconcile_adds_updates_and_removes_only_its_own_deployments():
     assert router.get_deployment(model_id="litellm-disagg/d1").litellm_params.api_base == "http://127.0.0.1:9999/v1"
     assert deployments.reconcile(router, {}) == ([], ["litellm-disagg/d1"])
     assert router.get_model_ids() == ["hand-1"]
+
+
+def test_reconcile_follows_every_role_change_of_a_decode_capable_worker():
+    """A worker keeps its address when its role moves (planner, ``litellm-disagg role``): the deployment's
+    ``model_info`` must still show the role it has now, not the one it was first added with."""
+    router = litellm.Router(model_list=[])
+
+    def sync(role):
+        desired = deployments.desired_deployments(WorkerPool.of([w("x1", role, port=8111)]), lambda m: m)
+        return deployments.reconcile(router, desired)
+
+    def role_on_router():
+        dep = router.get_deployment(model_id="litellm-disagg/x1")
+        return None if dep is None else dep.model_info[deployments.INFO_KEY]["role"]
+
+    assert sync("decode") == (["litellm-disagg/x1"], []) and role_on_router() == "decode"
+    assert sync("both") == (["litellm-disagg/x1"], []) and role_on_router() == "both"
+    assert sync("both") == ([], [])  # unchanged: nothing to do
+    assert sync("decode") == (["litellm-disagg/x1"], []) and role_on_router() == "decode"
+    assert sync("prefill") == ([], ["litellm-disagg/x1"]) and role_on_router() is None  # prefill-only: no deployment
+    assert sync("both") == (["litellm-disagg/x1"], []) and role_on_router() == "both"
+
+
+def test_reconcile_follows_a_changed_worker_key():
+    router = litellm.Router(model_list=[])
+    pool = WorkerPool.of([w("x1", port=8112)])
+    deployments.reconcile(router, deployments.desired_deployments(pool, lambda m: m, api_key="sk-old"))
+    changed, _ = deployments.reconcile(router, deployments.desired_deployments(pool, lambda m: m, api_key="sk-new"))
+    assert changed == ["litellm-disagg/x1"]
+    assert router.get_deployment(model_id="litellm-disagg/x1").litellm_params.api_key == "sk-new"

@@ -81,11 +81,17 @@ def reconcile(router: Any, desired: dict[str, dict[str, Any]]) -> tuple[list[str
 
 
 def _same(current: Deployment, wanted: dict[str, Any]) -> bool:
+    """Everything this module writes, the worker's role included: a worker that moves decode -> both (or any other
+    role change that keeps it decode-capable) keeps its address, and its deployment must still show the new role."""
     params = current.litellm_params
+    info = current.model_info
+    current_info = info.get(INFO_KEY) if isinstance(info, dict) else getattr(info, INFO_KEY, None)
     return (
         current.model_name == wanted["model_name"]
         and params.api_base == wanted["litellm_params"]["api_base"]
         and params.model == wanted["litellm_params"]["model"]
+        and params.api_key == wanted["litellm_params"]["api_key"]
+        and current_info == wanted["model_info"][INFO_KEY]
     )
 
 
