@@ -32,6 +32,29 @@ def test_kubernetes_proxy_config_uses_consul():
     assert isinstance(settings.registry, ConsulRegistrySettings)
 
 
+def test_kubernetes_proxy_config_routes_like_the_shipped_one():
+    """KV-aware routing on, as in the shipped proxy_config.yaml (and so in ``up``), with the same LiteLLM settings;
+    the k8s workers publish the KV events its precise index reads, on the port the NetworkPolicy opens to the proxy."""
+    shipped = yaml.safe_load((ROOT / "proxy_config.yaml").read_text())
+    configmap = yaml.safe_load((ROOT / "deploy/k8s/proxy-config.yaml").read_text())
+    k8s = yaml.safe_load(configmap["data"]["proxy_config.yaml"])
+    for section in ("litellm_settings", "general_settings", "router_settings"):
+        assert k8s[section] == shipped[section], section
+    shipped_kv = DisaggSettings.from_proxy_config(shipped).kv_routing
+    k8s_kv = DisaggSettings.from_proxy_config(k8s).kv_routing
+    assert shipped_kv.enabled and k8s_kv == shipped_kv
+    assert k8s_kv.index.mode == "precise" and k8s_kv.tokenizer.http_fallback  # no model directory in the proxy pod
+    [policy] = _k8s("network-policy.yaml")
+    [from_proxy] = [r for r in policy["spec"]["ingress"]
+                    if r["from"] == [{"podSelector": {"matchLabels": {"app": "litellm-disagg", "role": "proxy"}}}]]
+    for role in ("prefill", "decode"):
+        [container] = _k8s(f"{role}-deployment.yaml")[0]["spec"]["template"]["spec"]["containers"]
+        events_port = parse_worker(container["args"][1:]).kv_events_port
+        assert events_port is not None, role
+        assert {"name": "kv-events", "containerPort": events_port} in container["ports"]
+        assert {"protocol": "TCP", "port": events_port} in from_proxy["ports"]
+
+
 @pytest.mark.parametrize("role", ["prefill", "decode"])
 def test_kubernetes_worker_args_parse(role):
     deployment = yaml.safe_load((ROOT / f"deploy/k8s/{role}-deployment.yaml").read_text())
@@ -47,6 +70,7 @@ def test_systemd_worker_command_parses():
     argv = shlex.split(exec_start.replace("%i", "decode"))
     assert argv[0].endswith("litellm-disagg")
     assert parse_worker(argv[1:]).registry == "consul"
+    assert parse_worker(argv[1:]).kv_events_port is not None  # for the shipped config's KV-aware routing
 
 
 def test_shipped_proxy_config_serves_metrics_and_the_scrape_config_matches():
