@@ -30,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from litellm_disagg.json_fields import JsonFloat, json_enum, json_enums
 from litellm_disagg.version import __version__
 
 WorkerId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
@@ -141,14 +142,14 @@ class RuntimeConfig(BaseModel):
     """One worker, as published to discovery.
 
     Unknown fields are ignored (a newer worker may publish more than this router knows); known fields are validated
-    strictly (no type coercion from strings).
+    strictly (no type coercion from strings; only what JSON cannot say otherwise: ``json_fields.py``).
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
 
     worker_id: WorkerId
     model: Annotated[str, Field(min_length=1, max_length=256)]
-    role: WorkerRole
+    role: Annotated[WorkerRole, json_enum(WorkerRole)]
     engine: EngineName = "vllm"
     base_url: Annotated[str, Field(max_length=512)]
     """OpenAI-compatible base URL, ending in ``/v1`` (e.g. ``http://10.0.0.5:8100/v1``)."""
@@ -160,11 +161,11 @@ class RuntimeConfig(BaseModel):
     api_key_required: bool = False
     """Whether the worker refuses ``/v1`` requests without its API key (vLLM's ``--api-key``). Only that it does:
     the key itself is never published; routers get it from their own configuration (``worker_auth``)."""
-    allowed_roles: tuple[WorkerRole, ...] = ()
+    allowed_roles: Annotated[tuple[WorkerRole, ...], json_enums(WorkerRole)] = ()
     """Roles the worker's launch can serve, so it can change pool without a restart (``docs/role-change.md``);
     empty: only ``role`` (a worker launched for one role, or one older than role changes)."""
-    state: WorkerState = WorkerState.STARTING
-    started_at: float = Field(default_factory=time.time)
+    state: Annotated[WorkerState, json_enum(WorkerState)] = WorkerState.STARTING
+    started_at: JsonFloat = Field(default_factory=time.time)
     version: Annotated[str, Field(max_length=64)] = __version__
 
     @model_validator(mode="before")
@@ -198,33 +199,6 @@ class RuntimeConfig(BaseModel):
         if "transfer" in data and isinstance(self.transfer, VllmNixlTransfer):
             data |= {"backend": self.engine, "nixl_host": self.transfer.host, "nixl_port": self.transfer.port}
         return data
-
-    # Strict mode would refuse the enum values as plain strings coming from JSON; accept exactly those strings.
-    @field_validator("role", mode="before")
-    @classmethod
-    def _role_from_str(cls, value: object) -> object:
-        return WorkerRole(value) if isinstance(value, str) else value
-
-    @field_validator("allowed_roles", mode="before")
-    @classmethod
-    def _allowed_roles_from_list(cls, value: object) -> object:
-        # JSON gives a list of strings; accept exactly that (and a tuple of roles), nothing else.
-        if isinstance(value, (list, tuple)):
-            return tuple(WorkerRole(v) if isinstance(v, str) else v for v in value)
-        return value
-
-    @field_validator("state", mode="before")
-    @classmethod
-    def _state_from_str(cls, value: object) -> object:
-        return WorkerState(value) if isinstance(value, str) else value
-
-    @field_validator("started_at", mode="before")
-    @classmethod
-    def _started_at_number(cls, value: object) -> object:
-        # JSON has one number type: accept an integral value for a float field, nothing else.
-        if isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        return value
 
     @field_validator("base_url")
     @classmethod

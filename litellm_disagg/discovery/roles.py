@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from litellm_disagg.discovery.registry import RegistryError
+from litellm_disagg.json_fields import JsonFloat, json_enum
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerId, WorkerRole
 
 MAX_REQUEST_BYTES = 4096
@@ -39,21 +41,9 @@ class RoleRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
 
     worker_id: WorkerId
-    role: WorkerRole
-    requested_at: float = Field(default_factory=time.time)
+    role: Annotated[WorkerRole, json_enum(WorkerRole)]
+    requested_at: JsonFloat = Field(default_factory=time.time)
     """Unix time of the request (the writer's clock): for logs and for measuring the flip, never for ordering."""
-
-    @field_validator("role", mode="before")
-    @classmethod
-    def _role_from_str(cls, value: object) -> object:
-        return WorkerRole(value) if isinstance(value, str) else value
-
-    @field_validator("requested_at", mode="before")
-    @classmethod
-    def _number(cls, value: object) -> object:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        return value
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()
