@@ -3,17 +3,15 @@ as a background prefill flight, and a failed prefill that ends its decode instea
 
 import asyncio
 
-import httpx
 import pytest
 
 from litellm_disagg.engines.base import Endpoint
-from litellm_disagg.routing.accounting import Accounting
-from litellm_disagg.routing.cooldown import FailureCooldown
-from litellm_disagg.routing.orchestrator import Mode, Orchestrator
+from litellm_disagg.routing.orchestrator import Mode
 from litellm_disagg.routing.request import DisaggRequest
 from litellm_disagg.routing.route_plan import RoutePlan
 from litellm_disagg.runtime_config import RuntimeConfig, SglangBootstrapTransfer
-from litellm_disagg.transfer.prefill import PrefillClient
+
+from ..support.gated_prefill import GatedWorkers, orchestrator, settle
 
 
 def sglang(name: str, role: str) -> RuntimeConfig:
@@ -26,39 +24,13 @@ DECODE = sglang("d", "decode")
 REQ = DisaggRequest(endpoint=Endpoint.CHAT, fields={"messages": [{"role": "user", "content": "x"}]}, request_id="r1")
 
 
-class Workers:
-    """Prefill workers behind a MockTransport: each answers when its gate opens, with a status."""
+class Workers(GatedWorkers):
+    """Prefill workers that answer, once their gate opens, as an SGLang prefill server does (the KV is pushed)."""
 
-    def __init__(self, status: dict[str, int | str]):
-        self.status = status
-        self.gate = asyncio.Event()
-        self.calls: list[tuple[str, str, dict]] = []
+    abort_path = "/abort_request"
 
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        import json
-
-        body = json.loads(request.content)
-        self.calls.append((request.url.host, request.url.path, body))
-        if request.url.path == "/abort_request":
-            return httpx.Response(200)
-        await self.gate.wait()
-        what = self.status[request.url.host]
-        if what == "refused":
-            raise httpx.ConnectError("refused", request=request)
-        return httpx.Response(int(what), json={"choices": [{"index": 0, "message": {"content": "t"}}]})
-
-
-def orchestrator(workers: Workers, **kwargs) -> tuple[Orchestrator, Accounting, FailureCooldown]:
-    client = PrefillClient(client=httpx.AsyncClient(transport=httpx.MockTransport(workers.handle)))
-    accounting, cooldown = Accounting(), FailureCooldown()
-    orch = Orchestrator(prefill_client=client, accounting=accounting, cooldown=cooldown,
-                        abort_window_s=kwargs.pop("abort_window_s", 0.0), abort_interval_s=0.01, **kwargs)
-    return orch, accounting, cooldown
-
-
-async def settle(orch: Orchestrator) -> None:
-    while orch._background:
-        await asyncio.gather(*list(orch._background))
+    def answer(self, host: str) -> dict:
+        return {"choices": [{"index": 0, "message": {"content": "t"}}]}
 
 
 async def test_decode_fields_come_before_the_prefill_answers_and_the_prefill_is_a_flight():

@@ -2,19 +2,18 @@
 answers, the prefill runs in the background, and a failed prefill ends its decode through vLLM's abort endpoint."""
 
 import asyncio
-import json
 
 import httpx
 import pytest
 
 from litellm_disagg.engines.base import Endpoint
-from litellm_disagg.routing.accounting import Accounting
 from litellm_disagg.routing.cooldown import FailureCooldown
-from litellm_disagg.routing.orchestrator import Mode, Orchestrator
+from litellm_disagg.routing.orchestrator import Mode
 from litellm_disagg.routing.request import DisaggRequest
 from litellm_disagg.routing.route_plan import RoutePlan
 from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlPushTransfer
-from litellm_disagg.transfer.prefill import PrefillClient
+
+from ..support.gated_prefill import GatedWorkers, orchestrator, settle
 
 
 def push(name: str, role: str) -> RuntimeConfig:
@@ -27,41 +26,19 @@ DECODE = push("d", "decode")
 REQ = DisaggRequest(endpoint=Endpoint.CHAT, fields={"messages": [{"role": "user", "content": "x"}]}, request_id="r1")
 
 
-class Workers:
-    """Prefill workers behind a MockTransport that answer, once their gate opens, as a push-mode vLLM does."""
+class Workers(GatedWorkers):
+    """Prefill workers that answer, once their gate opens, as a push-mode vLLM does."""
 
-    def __init__(self, status: int | str):
-        self.status = status
-        self.gate = asyncio.Event()
-        self.calls: list[tuple[str, str, dict]] = []
+    abort_path = "/abort_requests"
 
-    async def handle(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
-        host = request.url.host
-        self.calls.append((host, request.url.path, body))
-        if request.url.path == "/abort_requests":
-            return httpx.Response(200, json={"status": "aborted"})
-        await self.gate.wait()
-        if self.status == "refused":
-            raise httpx.ConnectError("refused", request=request)
+    def abort_response(self) -> httpx.Response:
+        return httpx.Response(200, json={"status": "aborted"})
+
+    def answer(self, host: str) -> dict:
         params = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[0]],
                   "remote_engine_id": f"{host}-engine", "remote_request_id": "chatcmpl-r1-0123abcd",
                   "remote_host": f"{host}.nixl", "remote_port": 5600, "tp_size": 1, "transfer_mode": "push"}
-        return httpx.Response(int(self.status), json={"choices": [{"index": 0}], "usage": {"prompt_tokens": 3},
-                                                      "kv_transfer_params": params})
-
-
-def orchestrator(workers: Workers, **kwargs) -> tuple[Orchestrator, Accounting, FailureCooldown]:
-    client = PrefillClient(client=httpx.AsyncClient(transport=httpx.MockTransport(workers.handle)))
-    accounting, cooldown = Accounting(), FailureCooldown()
-    orch = Orchestrator(prefill_client=client, accounting=accounting, cooldown=cooldown,
-                        abort_window_s=kwargs.pop("abort_window_s", 0.0), abort_interval_s=0.01, **kwargs)
-    return orch, accounting, cooldown
-
-
-async def settle(orch: Orchestrator) -> None:
-    while orch._background:
-        await asyncio.gather(*list(orch._background))
+        return {"choices": [{"index": 0}], "usage": {"prompt_tokens": 3}, "kv_transfer_params": params}
 
 
 async def test_the_decode_names_the_prefill_engine_before_the_prefill_answers():
