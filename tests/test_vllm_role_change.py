@@ -4,7 +4,7 @@
 - ``consumer``: launched ``--role decode`` (``kv_consumer``), in the proxy's registry;
 - ``producer``: launched ``--role prefill`` (``kv_producer``), in a registry of its own (the proxy never sees it);
 
-and the real LiteLLM proxy (the shipped ``proxy_config.yaml``) on the first registry.
+and the real LiteLLM proxy (the shipped ``proxy_config.yaml``, every prompt prefilled remotely) on the first registry.
 
 First the proof of what each KV role can serve (every ordered pair of workers as prefill -> decode, plus each alone),
 then a worker changing pool under traffic through the real LiteLLM proxy.
@@ -29,6 +29,7 @@ from litellm_disagg.runtime_config import WorkerRole
 
 from .support.net import metric
 from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, registered
+from .support.proxy_configs import shipped_with_remote_prefill
 
 pytestmark = pytest.mark.vllm
 
@@ -44,7 +45,9 @@ class Workers:
         self.both = WorkerProc("prefill", tiny_model, self.registry, base, wrapper_args=["--switchable"])
         self.consumer = WorkerProc("decode", tiny_model, self.registry, base)
         self.producer = WorkerProc("prefill", tiny_model, base / "side-registry", base)
-        self.proxy = ProxyProc(self.registry, base)
+        # Every prompt prefilled remotely (``mode: always``): the subject is which pool a worker serves in, and the
+        # shipped ``auto`` decision prefills these short prompts on the decode worker (seen: five in a row).
+        self.proxy = ProxyProc(self.registry, base, config=shipped_with_remote_prefill(base, model="tiny", model_dir=tiny_model))
 
     @property
     def all(self) -> dict[str, WorkerProc]:
@@ -218,12 +221,20 @@ def test_the_role_command_moves_it_back_to_prefill_under_traffic(workers, proxy)
     assert done.returncode == 0, done.stderr
     assert "decode -> prefill requested" in done.stdout and "now prefill" in done.stdout
     assert _published_role(workers) is WorkerRole.PREFILL
-    prefilled, pulled = prefills_served(workers.both), external_tokens(workers.consumer)
+    # The new role's work lands on it. The proxy learns the role from its registry watcher (one poll behind the
+    # command's "now prefill"), and vLLM's /metrics can trail an answer: ask up to five requests, each equal to its
+    # reference, until one was prefilled there and its KV reached the decode worker by transfer.
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=MASTER_KEY, max_retries=0, timeout=120)
-    reply = client.chat.completions.create(model="tiny", messages=_chat(200), max_tokens=8, temperature=0)
-    assert reply.choices[0].message.content == _references(workers, 1, offset=200, max_tokens=8)[0]
-    assert prefills_served(workers.both) == prefilled + 1
-    assert external_tokens(workers.consumer) - pulled >= reply.usage.prompt_tokens - 1
+    for attempt in range(5):
+        prefilled, pulled = prefills_served(workers.both), external_tokens(workers.consumer)
+        reply = client.chat.completions.create(model="tiny", messages=_chat(200 + attempt), max_tokens=8, temperature=0)
+        assert reply.choices[0].message.content == _references(workers, 1, offset=200 + attempt, max_tokens=8)[0]
+        wanted = reply.usage.prompt_tokens - 1
+        for _ in range(40):
+            if prefills_served(workers.both) > prefilled and external_tokens(workers.consumer) - pulled >= wanted:
+                return
+            time.sleep(0.25)
+    pytest.fail("five requests after the flip: none was prefilled on the flipped worker with its KV pulled by transfer")
 
 
 def test_a_role_the_launch_cannot_serve_is_refused(workers):
