@@ -77,6 +77,7 @@ from enum import StrEnum
 
 from litellm_disagg.planner.settings import PlannerSettings
 from litellm_disagg.planner.signals import ClusterSignals, ModelSignals, WorkerSignals
+from litellm_disagg.planner.trend import QueueHistory, QueueTrend
 from litellm_disagg.runtime_config import WorkerRole
 
 
@@ -110,6 +111,10 @@ class Pressures:
     kv_ratio: float | None = None
     transfer_share: float | None = None
     prefill_time_ratio: float | None = None
+    trend_ratio: float | None = None
+    """The prefill queue's projected wait ``window_s`` from now at its measured growth, over the TTFT SLO."""
+    prefill_needed: int | None = None
+    """Workers able to prefill that the measured prefill demand needs (``QueueTrend.needed``); None: unknown."""
 
     def as_fields(self) -> dict[str, float | str | None]:
         """Flat fields for a log line or a metric (names are the ``planner_signal`` label values)."""
@@ -124,6 +129,8 @@ class Pressures:
             "kv_ratio": _round(self.kv_ratio),
             "transfer_share": _round(self.transfer_share),
             "prefill_time_ratio": _round(self.prefill_time_ratio),
+            "trend_ratio": _round(self.trend_ratio),
+            "prefill_needed": None if self.prefill_needed is None else float(self.prefill_needed),
         }
 
 
@@ -205,6 +212,9 @@ class _ModelState:
     last_move_at: float | None = None
     """When this model's last move was decided (the latency windows before ``last_move_at + window_s`` still hold
     requests served by the old layout)."""
+    last_move_condition: Condition | None = None
+    queue: QueueHistory = field(default_factory=QueueHistory)
+    """The prefill queue's samples since the serving layout last changed (its growth: ``trend.py``)."""
 
 
 @dataclass
@@ -214,8 +224,9 @@ class _State:
     """worker id -> time of its last move (for the cooldown)."""
 
 
-def pressures(model: ModelSignals, settings: PlannerSettings) -> Pressures:
-    """The model's prefill and decode pressures (see the module docstring, step 1). Pure."""
+def pressures(model: ModelSignals, settings: PlannerSettings, trend: QueueTrend | None = None) -> Pressures:
+    """The model's prefill and decode pressures (see the module docstring, step 1). Pure; ``trend`` is the prefill
+    queue's growth (``QueueHistory.observe``), None when not measured."""
     ttft_ratio = model.ttft.ratio(settings.ttft_ms, settings.min_samples)
     itl_ratio = model.itl.ratio(settings.itl_ms, settings.min_samples)
     transfer_share = model.transfer.ratio(settings.ttft_ms, settings.min_samples)
@@ -235,14 +246,19 @@ def pressures(model: ModelSignals, settings: PlannerSettings) -> Pressures:
     # waits (pulls queued for KV), so it counts only when no prefill-time window is measured and the decode side is
     # not full (a TTFT inflated by a full decode side is decode pressure, not prefill pressure).
     latency_term = prefill_time_ratio if prefill_time_ratio is not None else (None if decode_full else ttft_ratio)
-    prefill = max((r for r in (latency_term, queue_ratio) if r is not None), default=0.0)
+    trend_ratio: float | None = None
+    needed: int | None = None
+    if trend is not None:
+        trend_ratio = trend.projected_wait_s(settings.window_s, prefill_pool.size) * 1000.0 / settings.ttft_ms
+        needed = trend.needed(settings.window_s)
+    prefill = max((r for r in (latency_term, queue_ratio, trend_ratio) if r is not None), default=0.0)
     decode_terms = [(DecodeDriver.ITL, itl_ratio), (DecodeDriver.OCCUPANCY, occupancy_ratio), (DecodeDriver.KV, kv_ratio)]
     known = [(driver, r) for driver, r in decode_terms if r is not None]
     driver, decode = max(known, key=lambda t: t[1]) if known else (DecodeDriver.NONE, 0.0)
     if decode <= 0.0:
         driver = DecodeDriver.NONE
     return Pressures(prefill, decode, driver, ttft_ratio, queue_ratio, itl_ratio, occupancy_ratio, kv_ratio,
-                     transfer_share, prefill_time_ratio)
+                     transfer_share, prefill_time_ratio, trend_ratio, needed)
 
 
 def condition_of(p: Pressures, settings: PlannerSettings, *, disaggregated: bool) -> Condition:
@@ -291,17 +307,38 @@ def _least_busy(workers: Iterable[WorkerSignals]) -> list[WorkerSignals]:
                                           w.worker_id))
 
 
+def queue_keeps_up(p: Pressures, settings: PlannerSettings) -> bool:
+    """Whether the prefill pool keeps up now although its latency window is over the SLO: its queue wait is known
+    and short (under ``aggregate_below`` of the SLO) and not growing past it (the trend). More prefill workers only
+    shorten the queue, so the window then holds a past backlog (a burst that is over), not a missing worker."""
+    return (p.queue_ratio is not None and p.queue_ratio < settings.aggregate_below
+            and (p.trend_ratio is None or p.trend_ratio <= 1.0))
+
+
+def decode_misses(p: Pressures, settings: PlannerSettings) -> bool:
+    """Whether a full decode side (KV or occupancy) shows in the latencies: ITL near its SLO (``headroom``), or the
+    end-to-end TTFT over it (pulls waiting for KV blocks)."""
+    return (p.itl_ratio or 0.0) >= settings.headroom or (p.ttft_ratio or 0.0) > 1.0
+
+
 def _routes(condition: Condition, p: Pressures, settings: PlannerSettings) -> list[tuple[WorkerRole, WorkerRole]]:
     """(from, to) role pairs to try, in order, for a condition that asks for a move."""
     if condition is Condition.PREFILL_BOUND:
+        if queue_keeps_up(p, settings):
+            return []
         return [(WorkerRole.DECODE, WorkerRole.PREFILL), (WorkerRole.BOTH, WorkerRole.PREFILL)]
     if condition is Condition.DECODE_BOUND:
         if settings.allow_aggregated and p.prefill < settings.aggregate_below:
             # prefill is nearly idle: its workers join the decode side and still prefill (short prompts ride on
             # decode steps almost for free), then decode workers prefill locally too (no transfer)
             return [(WorkerRole.PREFILL, WorkerRole.BOTH), (WorkerRole.DECODE, WorkerRole.BOTH)]
-        if p.decode_driver in (DecodeDriver.KV, DecodeDriver.OCCUPANCY) and settings.allow_aggregated:
-            return [(WorkerRole.PREFILL, WorkerRole.BOTH)]
+        if p.decode_driver in (DecodeDriver.KV, DecodeDriver.OCCUPANCY):
+            if p.prefill >= settings.aggregate_below and not decode_misses(p, settings):
+                # full but within both SLOs, and the prefill side is busy: taking a prefill worker would starve it
+                # (and a ``both`` worker mixing long prompts into its decode steps stretches its ITL)
+                return []
+            if settings.allow_aggregated:
+                return [(WorkerRole.PREFILL, WorkerRole.BOTH)]
         return [(WorkerRole.PREFILL, WorkerRole.DECODE), (WorkerRole.BOTH, WorkerRole.DECODE)]
     if condition in (Condition.LOW_LOAD, Condition.TRANSFER_COSTLY):
         return [(WorkerRole.PREFILL, WorkerRole.BOTH), (WorkerRole.DECODE, WorkerRole.BOTH)]
@@ -328,8 +365,14 @@ def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settin
         source, source_size = 0.0, model.prefill_pool.size
     else:
         return 1
-    wanted = max(1, min(cap, math.ceil(max(1, size) * (pressure - 1.0) / 4.0)))
-    while wanted > 1 and source_size - wanted > 0 and source * source_size / (source_size - wanted) >= settings.headroom:
+    if condition is Condition.PREFILL_BOUND and p.prefill_needed is not None:
+        # the measured demand says how many workers the pool is short (trend.py); a latency ratio does not
+        wanted = max(1, min(cap, p.prefill_needed - size))
+    else:
+        wanted = max(1, min(cap, math.ceil(max(1, size) * (pressure - 1.0) / 4.0)))
+    # a move sized from the measured demand may fill the decode side up to full (1.0): the layout the demand needs
+    limit = 1.0 if condition is Condition.PREFILL_BOUND and p.prefill_needed is not None else settings.headroom
+    while wanted > 1 and source_size - wanted > 0 and source * source_size / (source_size - wanted) >= limit:
         wanted -= 1
     return wanted
 
@@ -356,7 +399,8 @@ class Planner:
     def _decide(self, model: ModelSignals, now: float) -> ModelDecision:
         s = self._settings
         state = self._state.models.setdefault(model.model, _ModelState())
-        p = pressures(model, s)
+        trend = state.queue.observe(model, now, s.window_s)
+        p = pressures(model, s, trend)
         active = model.active
         current = _layout(model.model, active)
         condition = condition_of(p, s, disaggregated=current.prefill + current.decode > 0)
@@ -369,12 +413,22 @@ class Planner:
         no_candidate = False
         layout = current
         routes = _routes(condition, p, s)
+        if condition is Condition.DECODE_BOUND and not routes:
+            held = "decode full, latencies within their SLOs: prefill is busy, nothing to move"
+        elif condition is Condition.PREFILL_BOUND and not routes:
+            held = "prefill queue short and not growing: the latency window holds a past backlog"
+        # a prefill queue that rose at each of the last ``hysteresis_steps`` samples, all taken on the layout serving
+        # now, is that many steps of fresh evidence by itself: it needs neither a streak of the condition nor a
+        # latency window that postdates the last move (when that move was toward prefill too)
+        queue_driven = (condition is Condition.PREFILL_BOUND and trend is not None and p.trend_ratio is not None
+                        and p.trend_ratio > 1.0 and trend.rising_steps >= s.hysteresis_steps)
         if routes:
-            if streak < s.hysteresis_steps:
+            if streak < s.hysteresis_steps and not queue_driven:
                 held = f"hysteresis {streak}/{s.hysteresis_steps}"
             elif model.flipping:
                 held = "flip in progress: " + ",".join(sorted(w.worker_id for w in model.flipping))
-            elif state.last_move_at is not None and now - state.last_move_at < s.window_s:
+            elif (state.last_move_at is not None and now - state.last_move_at < s.window_s
+                  and not (queue_driven and state.last_move_condition is Condition.PREFILL_BOUND)):
                 held = f"settling: the latency window predates the last move ({now - state.last_move_at:.1f} s ago)"
             else:
                 limit = wanted_moves(condition, p, model, s)
@@ -382,6 +436,7 @@ class Planner:
                 if moves:
                     state.streak = 0
                     state.last_move_at = now
+                    state.last_move_condition = condition
         moved = {m.worker_id for m in moves}
         desired, drain = self._desired(model, p, condition, layout, no_candidate, state, moved)
         return ModelDecision(model.model, condition, streak, p, tuple(moves), desired, current, drain, held)
