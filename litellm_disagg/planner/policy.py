@@ -12,7 +12,10 @@ How it decides, per served model, at every step:
      wait is the prefill pool's queued prompt tokens over its measured throughput (skipped while the rate is
      unknown), and the prefill time is arrival to the prefill's answer (``ModelSignals.prefill_time``). Without a
      prefill-time window the TTFT percentile stands in, except while the decode side is full (occupancy or KV term
-     >= 1): then TTFT holds decode-side waits (pulls queued for KV) and is no prefill evidence;
+     >= 1): then TTFT holds decode-side waits (pulls queued for KV) and is no prefill evidence. A third term is the
+     queue's *trend* (``trend.py``): while the queue grows, the wait it will reach ``window_s`` from now at the measured
+     demand (``serving workers x rate + growth``), on the pool after the flips in progress; it sees a missing worker
+     seconds before the wait itself passes the SLO;
    - decode pressure = max(ITL percentile / ITL SLO, decode batch occupancy / ``occupancy_high``,
      decode KV usage / ``kv_usage_high``); the largest term is the decode *driver* (``itl``, ``occupancy``, ``kv``).
 
@@ -25,13 +28,21 @@ How it decides, per served model, at every step:
    condition      when                                                     move
    ============== ======================================================== =================================
    overloaded     a side is above 1 and the other has no headroom          none (desired sizes grow that side)
-   prefill_bound  prefill > 1, decode < ``headroom``                       decode, then both -> prefill
+   prefill_bound  prefill > 1, decode < ``headroom``                       decode, then both -> prefill; none
+                                                                           while the queue wait is known, under
+                                                                           ``aggregate_below`` and not trending
+                                                                           past the SLO (the window holds a past
+                                                                           backlog: more workers only shorten a
+                                                                           queue)
    decode_bound   decode > 1, prefill < ``headroom``; or (disaggregated)  prefill < ``aggregate_below``:
                   decode >= ``headroom`` and prefill < ``aggregate_below``  prefill, then decode -> both;
                                                                            otherwise ITL-driven: prefill, then both ->
                                                                            decode; KV/occupancy-driven:
                                                                            prefill -> both (its KV joins the
-                                                                           decode side, it still prefills)
+                                                                           decode side, it still prefills), but
+                                                                           none while both latencies meet their
+                                                                           SLOs (ITL under ``headroom``, TTFT
+                                                                           under 1) and prefill is busy
    low_load       both pressures < ``aggregate_below``                     prefill, then decode -> both
    transfer_costly transfer share > ``transfer_share_max``, both sides     prefill, then decode -> both
                   under ``headroom``
@@ -46,14 +57,18 @@ How it decides, per served model, at every step:
 
 3. **Hysteresis in time**: the same condition must hold ``hysteresis_steps`` consecutive steps; after a move the
    count starts again, so each further move needs fresh evidence (the latency window then shows the new layout).
+   Exception: a ``prefill_bound`` driven by the trend (above 1) of a queue that rose at each of the last
+   ``hysteresis_steps`` samples, all on the layout serving now, is that many steps of evidence by itself.
 
 4. **Guards**: no move for a model while one of its workers is flipping; a worker moved less than ``cooldown_s``
    ago is not moved again; a move never leaves fewer than ``min_prefill_workers`` workers able to prefill or
    ``min_decode_workers`` able to decode (``both`` counts for each); a worker is only asked for a role its launch
    serves (``WorkerSignals.servable_roles``, from the published ``allowed_roles``); draining or starting workers
    are in no pool and never moved; no move until ``window_s`` after the model's last move (the latency windows
-   still hold the old layout's requests: acting on them overshoots). Moves per step: ``wanted_moves`` (in
-   proportion to how far the pressed side is over its SLO, all up to ``max_moves_per_step`` when idle prefill
+   still hold the old layout's requests: acting on them overshoots), except for a queue-driven ``prefill_bound``
+   (3.) after a move toward prefill (its samples postdate that move's flips). Moves per step: ``wanted_moves``
+   (``prefill_bound`` with a measured trend: the shortfall, workers needed by the demand minus the pool; otherwise
+   in proportion to how far the pressed side is over its SLO; all up to ``max_moves_per_step`` when idle prefill
    workers go to ``both``). Among candidates the
    least busy goes first (fewest running, then waiting requests, then worker id: deterministic).
 
@@ -63,9 +78,9 @@ How it decides, per served model, at every step:
    worker of the least pressed side is named to drain first, the same one at every step until it leaves the pool;
    the next removal then needs ``hysteresis_steps`` fresh steps).
 
-The state the planner keeps: per model the current condition's streak, the scale-down streak and the worker named to
-drain; per worker the
-time of its last move. Everything else is a function of ``signals`` and ``now``.
+The state the planner keeps: per model the current condition's streak, the scale-down streak, the worker named to
+drain, the last move (time, condition) and the prefill queue's samples since the serving layout changed; per worker
+the time of its last move. Everything else is a function of ``signals`` and ``now``.
 """
 
 from __future__ import annotations
@@ -346,7 +361,9 @@ def _routes(condition: Condition, p: Pressures, settings: PlannerSettings) -> li
 
 
 def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settings: PlannerSettings) -> int:
-    """How many workers to move this step (module docstring, step 4): in proportion to how far the pressed side is
+    """How many workers to move this step (module docstring, step 4). ``prefill_bound`` with a measured queue
+    trend: the shortfall, ``prefill_needed - pool size`` (the decode side may then fill up to 1.0, not just
+    ``headroom``: that is the layout the demand needs). Otherwise in proportion to how far the pressed side is
     over its SLO, ``ceil(pool size x (pressure - 1) / 4)`` (a latency ratio overstates the capacity missing; the next
     step's fresh evidence asks for the rest; fewer when the decode side would lose its headroom), at least 1, at most ``max_moves_per_step``. When the moves go to ``both`` because
     prefill is nearly idle (``low_load``, ``decode_bound`` under ``aggregate_below``), ``max_moves_per_step``: those

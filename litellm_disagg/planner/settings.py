@@ -70,8 +70,9 @@ class PlannerSettings(BaseModel):
     """A role request the worker has not followed (published) within this long is given up (logged); the worker's
     old role's in-flight work must finish first, so keep it above the longest request."""
     max_moves_per_step: Annotated[int, Field(ge=1)] = 3
-    """Most role changes per model per step; a step moves ``ceil(pool x (pressure - 1) / 2)`` workers of the
-    pressed side, capped here (one for the ``both`` moves at low load)."""
+    """Most role changes per model per step. A step moves as many workers as the prefill pool is short by its measured
+    demand (the queue's growth, ``planner/trend.py``), else ``ceil(pool x (pressure - 1) / 4)`` of the pressed side,
+    capped here (all up to this for the ``both`` moves when prefill is nearly idle)."""
     hook_command: list[str] | None = None
     """Run when the desired pool sizes change: argv (no shell), with ``MODEL PREFILL DECODE BOTH`` appended and the
     same in ``LITELLM_DISAGG_DESIRED_*`` environment variables. For an external autoscaler."""
