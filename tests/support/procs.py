@@ -122,7 +122,7 @@ class ProxyProc:
 
     def start(self) -> ProxyProc:
         env = dict(os.environ, LITELLM_MASTER_KEY=MASTER_KEY, LITELLM_LOCAL_MODEL_COST_MAP="True",
-                   LITELLM_DISAGG_REGISTRY_DIR=str(self.registry_dir), LITELLM_DISAGG_LOG_LEVEL="INFO", **self.env)
+                   LITELLM_DISAGG_REGISTRY_DIR=str(self.registry_dir), **{"LITELLM_DISAGG_LOG_LEVEL": "INFO", **self.env})
         argv = [sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(self.config), "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = spawn(argv, env=env, log=self.log, cwd=str(ROOT))
         return self
