@@ -42,6 +42,8 @@ def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--tensor-parallel-size", type=int, default=1)
     p.add_argument("--kv-events-port", type=int, help="publish vLLM KV events on this port (ZMQ)")
     p.add_argument("--kv-load-failure-policy", choices=["recompute", "fail"], default="recompute")
+    p.add_argument("--kv-lease-s", type=_lease_seconds, metavar="S",
+                   help="vLLM: seconds a prefill keeps unread KV for its decode (kv_lease_duration; vLLM's default: 30)")
     p.add_argument("--api-key-file", help="file holding the key the proxy must present (vLLM's --api-key, passed by "
                    "environment; default: $LITELLM_DISAGG_WORKER_API_KEY; neither: the worker is open)")
     p.add_argument("--kv-transfer", choices=["pull", "push"], default="pull",
@@ -56,6 +58,17 @@ def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     p.add_argument("--drain-timeout", type=float, default=120.0, help="seconds to wait for in-flight requests on shutdown")
     p.add_argument("--drain-settle", type=float, default=3.0, help="seconds the engine must stay idle before leaving")
     p.add_argument("vllm_args", nargs=argparse.REMAINDER, help="after --: extra arguments for the engine")
+
+
+def _lease_seconds(text: str) -> int:
+    """vLLM renews a lease with heartbeats every lease/6 s (integer seconds): at least 6."""
+    try:
+        seconds = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of seconds: {text!r}") from None
+    if seconds < 6:
+        raise argparse.ArgumentTypeError(f"at least 6 s (vLLM heartbeats every lease/6 s), not {seconds}")
+    return seconds
 
 
 def _worker_api_key(path: str | None) -> str | None:
@@ -97,6 +110,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         tensor_parallel_size=args.tensor_parallel_size,
         kv_events_port=args.kv_events_port,
         kv_load_failure_policy=args.kv_load_failure_policy,
+        kv_lease_s=args.kv_lease_s,
         api_key=_worker_api_key(args.api_key_file),
         kv_transfer=args.kv_transfer,
         extra_args=tuple(extra),

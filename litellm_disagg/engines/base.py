@@ -215,6 +215,9 @@ class LaunchSpec:
     """Publish KV cache events on this port (None: no events)."""
     kv_load_failure_policy: Literal["recompute", "fail"] = "recompute"
     """What a decode does when loading transferred KV fails: compute the prompt itself, or fail the request."""
+    kv_lease_s: int | None = None
+    """How long a prefill worker keeps a finished prompt's blocks for a decode that has not read them (vLLM:
+    ``kv_lease_duration``, 30 s by default); None: the engine's default."""
     kv_transfer: Literal["pull", "push"] = "pull"
     """Which way the KV moves, for engines that offer both (vLLM: NixlConnector pull, NixlPushConnector push); the
     worker publishes the matching transfer section and routers pair only workers of the same one."""

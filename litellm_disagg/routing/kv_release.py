@@ -26,7 +26,7 @@ decode worker tells it to, and a decode worker does so for a request that carrie
 refused before its engine runs it (vLLM's serving layer then submits it pre-aborted, and the connector notifies the
 prefill worker with no blocks read). The release is such a request, sent to a live decode worker of the same model:
 the original one when it is still in the pool and not cooling down, else another. It is best effort: with no decode
-worker reachable the engine's lease frees the blocks (``worker --kv-lease-s`` sets it shorter than vLLM's 30 s).
+worker reachable the engine's lease frees the blocks (``litellm-disagg worker --kv-lease-s`` sets it; vLLM's default is 30 s).
 
 A release is sent only for an attempt whose decode produced nothing and whose call LiteLLM has given up on or
 retried: a decode worker that still runs that request would be reading blocks the prefill worker now reuses. LiteLLM

@@ -3,6 +3,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from litellm_disagg.cli import main
 from litellm_disagg.engines import get_engine
 from litellm_disagg.engines.base import LaunchSpec
 from litellm_disagg.engines.vllm.launch import SITECUSTOMIZE_DIR, vllm_argv, vllm_env
@@ -102,3 +105,15 @@ def test_sitecustomize_paces_the_nixl_progress_thread_lazily(tmp_path):
     assert run(LITELLM_DISAGG_NIXL_PROGRESS_DELAY_US="1000") == ["True", "1000"]  # on, paced
     assert run() == ["True", "0"]  # nothing asked: NIXL untouched
     assert run(LITELLM_DISAGG_NIXL_PROGRESS_THREAD="0") == ["False", "0"]  # off, for experiments
+
+
+def test_a_kv_lease_goes_into_the_connector_extra_config():
+    config = json.loads(flag(vllm_argv(opts(kv_lease_s=600)), "--kv-transfer-config"))
+    assert config["kv_connector_extra_config"] == {"kv_lease_duration": 600}
+    assert "kv_connector_extra_config" not in json.loads(flag(vllm_argv(opts()), "--kv-transfer-config"))
+
+
+def test_the_worker_command_refuses_a_lease_vllm_cannot_heartbeat(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["worker", "--role", "prefill", "--model", "m", "--kv-lease-s", "3"])
+    assert exc.value.code == 2 and "at least 6 s" in capsys.readouterr().err

@@ -84,6 +84,8 @@ def vllm_argv(spec: LaunchSpec, python: str | None = None, *, engine_id: str | N
     }
     if engine_id is not None:
         kv_transfer_config["engine_id"] = engine_id
+    if spec.kv_lease_s is not None:
+        kv_transfer_config["kv_connector_extra_config"] = {"kv_lease_duration": spec.kv_lease_s}
     argv = [
         python or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", spec.model,
