@@ -33,6 +33,8 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=16)
     parser.add_argument("--timeout", type=float, default=60.0)
     parser.add_argument("--debug", action="store_true")
+    parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="extra environment for both workers (e.g. LITELLM_DISAGG_NIXL_PROGRESS_DELAY_US=0)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="vllm-push-stall-"))
@@ -40,6 +42,7 @@ def main() -> None:
     model = make_tiny_llama(TEST_MODEL)
     registry = out / "registry"
     env = {"VLLM_LOGGING_LEVEL": "DEBUG"} if args.debug else {}
+    env |= dict(item.split("=", 1) for item in args.worker_env)
     prefill = WorkerProc("prefill", model, registry, out, wrapper_args=PUSH, env=env)
     decode = WorkerProc("decode", model, registry, out, wrapper_args=PUSH, env=env)
     proxy = ProxyProc(registry, out, config=shipped_with_remote_prefill(out, model="tiny", model_dir=model))
