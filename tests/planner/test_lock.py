@@ -96,12 +96,13 @@ async def test_consul_lock_one_holder_release_and_takeover() -> None:
 
 async def test_consul_lock_holder_dies_session_ttl_expires_the_other_takes_over() -> None:
     async with ConsulDouble(min_session_ttl_s=0.5) as consul:
-        dead = ConsulSessionLock(_http(consul), ttl_s=0.5, own_http=True)
-        live = ConsulSessionLock(_http(consul), ttl_s=0.5, own_http=True)
+        # 3 s: the holder's session outlives the next line even on a loaded machine (0.5 s expired there)
+        dead = ConsulSessionLock(_http(consul), ttl_s=3.0, own_http=True)
+        live = ConsulSessionLock(_http(consul), ttl_s=3.0, own_http=True)
         assert await dead.acquire()
         assert not await live.acquire()
         # the holder dies: it never renews again. Consul invalidates its session after the TTL and frees the key.
-        for _ in range(100):
+        for _ in range(600):
             if await live.acquire():
                 break
             await asyncio.sleep(0.1)

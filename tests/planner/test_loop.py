@@ -268,7 +268,8 @@ async def test_two_planners_on_consul_the_holder_dies_the_other_acts(tmp_path: P
     async with ConsulDouble(min_session_ttl_s=0.5) as consul:
         def lock() -> ConsulSessionLock:
             endpoint = ConsulEndpoint.resolve(ConsulRegistrySettings(address=consul.address), environ={})
-            return ConsulSessionLock(ConsulHttp(endpoint, timeout_s=5), ttl_s=0.5, own_http=True)
+            # 3 s: the live holder renews between its ticks even on a loaded machine (0.5 s expired there)
+            return ConsulSessionLock(ConsulHttp(endpoint, timeout_s=5), ttl_s=3.0, own_http=True)
 
         first = PlannerLoop(s, registry, SignalCollector(s, latency), lock(), clock=clock)
         second = PlannerLoop(s, registry, SignalCollector(s, latency), lock(), clock=clock)
@@ -282,7 +283,7 @@ async def test_two_planners_on_consul_the_holder_dies_the_other_acts(tmp_path: P
             assert step is not None and [m.worker_id for m in step.moves] == ["d0"]
             assert await second.tick() is None
             # the first planner dies: it never renews its session again (no release)
-            for _ in range(100):
+            for _ in range(600):
                 latency.observe(ttft_s=3.0, itl_s=0.01)
                 clock.now += 1
                 await second.tick()
