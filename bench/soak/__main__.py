@@ -55,18 +55,21 @@ def main() -> None:
     parser.add_argument("--speedup", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-chaos", action="store_true")
+    parser.add_argument("--no-kv-release", action="store_true",
+                        help="leave unread prefill KV to the engine's lease (the before of the KV-release comparison)")
     parser.add_argument("--disconnects", type=int, default=0,
                         help="clients that go away (half right after their prefill, half after the first chunk)")
     parser.add_argument("--out", default="bench/results")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     config = SoakConfig(requests=args.requests, concurrency=args.concurrency, prefill=args.prefill, decode=args.decode,
-                        speedup=args.speedup, seed=args.seed, chaos=not args.no_chaos, disconnects=args.disconnects)
+                        speedup=args.speedup, seed=args.seed, chaos=not args.no_chaos, disconnects=args.disconnects,
+                        kv_release=not args.no_kv_release)
     report = asyncio.run(run_soak(config, Path(tempfile.mkdtemp(prefix="soak-"))))
     print(report.summary())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    png = out / "soak.png"
+    png = out / ("soak.png" if config.kv_release else "soak-no-kv-release.png")
     plot(report, png)
     print(f"plot: {png}")
 

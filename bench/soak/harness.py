@@ -41,6 +41,9 @@ class SoakConfig:
     seed: int = 0
     chaos: bool = True
     """Join, drain and crash workers (both roles) while the load runs."""
+    kv_release: bool = True
+    """The router releases prefill KV that a failed or superseded attempt never read (routing/kv_release.py); off:
+    the engine's lease frees it (the before of the before/after comparison)."""
     disconnects: int = 0
     """Clients that go away: half of them right after their prefill (the proxy notices at its first write, before any
     token: the decode's stream is closed unread), half after the first streamed chunk. Their requests end as
@@ -127,7 +130,26 @@ class SoakReport:
         details = sorted({o.detail for o in self.outcomes if o.ends == 1 and not o.ok and not o.abandoned})
         lines += [f"    e.g. {d}" for d in details[:3]]
         lines += [f"  t={t:5.2f}s {what}" for t, what in self.events]
+        pause = self.completion_pause_after("crashed decode")
+        if pause is not None:
+            lines.append(f"longest pause in completions in the {PAUSE_WINDOW_S:.0f} s after the decode crash: {pause:.2f} s")
         return "\n".join(lines)
+
+    def completion_pause_after(self, event: str, window_s: float | None = None) -> float | None:
+        """The longest time without a completed request in the ``window_s`` after the first event starting with
+        ``event`` (counted from the event): how long the stall after a crash lasted. None: no such event."""
+        window_s = PAUSE_WINDOW_S if window_s is None else window_s
+        at = next((t for t, what in self.events if what.startswith(event)), None)
+        if at is None:
+            return None
+        ends = sorted(o.finished_at_s for o in self.outcomes if o.ok and at < o.finished_at_s <= at + window_s)
+        last = max((o.finished_at_s for o in self.outcomes if o.ok), default=at)
+        horizon = min(at + window_s, last)  # after the last completion of the run there is nothing left to wait for
+        marks = [at, *ends, max(horizon, ends[-1] if ends else at)]
+        return max(b - a for a, b in zip(marks, marks[1:]))
+
+
+PAUSE_WINDOW_S = 30.0
 
 
 def _held_leases(cluster: SimCluster) -> int:
@@ -187,6 +209,8 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
             sync_interval_s=0.1,
         )
         controller = await plugin.attach(router, disagg)
+        if not config.kv_release:
+            controller.strategy.releases = None
         while len(controller.pool.decode_candidates(settings.model)) < config.decode:  # noqa: ASYNC110 (a poll)
             await asyncio.sleep(0.05)
 
@@ -260,7 +284,7 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
                         if role is WorkerRole.DECODE:
                             report.cut_by_crashes += busy
                         await cluster.crash(victim.worker_id)
-                        note(f"crashed {victim.worker_id} with {busy} requests on it")
+                        note(f"crashed {role.value} {victim.worker_id} with {busy} requests on it")
                     else:
                         note(f"draining {victim.worker_id}")
                         await cluster.drain(victim.worker_id)
