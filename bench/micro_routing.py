@@ -231,6 +231,7 @@ async def bench_decisions(args: argparse.Namespace) -> None:
             update={
                 "tokenizer": settings.tokenizer.model_copy(
                     update={"model_dirs": {"m": str(tok_dir)}, "http_fallback": False}
+                | ({"inline_max_new_chars": 0} if args.tokenize_in_thread else {})
                 )
             }
         )
@@ -359,6 +360,7 @@ async def tokenized_decisions(
         f"  {size:>5} tokens  tokenize 2nd turn            {second_tok}   ({tokens_second} tokens, earlier turn cached)"
     )
     print(f"  {size:>5} tokens  tokenize 2nd turn + decision {second_all}")
+    print(f"  {'':>5}         tokenized on the event loop: {router.tokenizer.inline_encodes} prompts in all")
     if cache is not None:
         hit_tokens, hits, misses = (
             cache.stats.hit_tokens - hits_before[0],
@@ -595,6 +597,11 @@ def main() -> None:
     parser.add_argument("--model-dir", help="a model directory whose tokenizer and chat template to time")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="ingestion runs per figure (best and median printed)")
+    parser.add_argument(
+        "--tokenize-in-thread",
+        action="store_true",
+        help="every tokenization in a worker thread (inline_max_new_chars 0), as before a cached next turn ran inline",
+    )
     parser.add_argument("--skip-decisions", action="store_true")
     parser.add_argument("--skip-ingestion", action="store_true")
     args = parser.parse_args()

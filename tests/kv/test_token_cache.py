@@ -352,3 +352,97 @@ async def test_cache_off_and_special_tokens_tokenize_whole(tiny_model: Path, tin
     )
     rendered = tiny_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert flagged == tiny_tokenizer(rendered, add_special_tokens=True)["input_ids"]
+
+
+# -- a next turn on the event loop (inline_max_new_chars) ---------------------------------------------------------------
+
+
+def test_missing_chars_is_a_peek() -> None:
+    cache = TokenCache(100)
+    cache.put(1, "a", (1,))
+    cache.put(1, "bb", (2,))
+    stats = (cache.stats.hits, cache.stats.misses, cache.stats.hit_tokens)
+    assert cache.missing_chars(1, ["a", "xyz", "bb", "q"]) == 4
+    assert cache.missing_chars(2, ["a"]) == 1  # another tokenizer's entry
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.hit_tokens) == stats
+    cache.put(1, "c", tuple(range(99)))  # evicts the least recently used: still "a" (the peek did not touch it)
+    assert cache.get_many(1, ["a", "bb"]) == [None, (2,)]
+
+
+def test_encode_cached_only_when_verified_and_mostly_cached() -> None:
+    tokenizer = chatml()
+    encoder = SegmentEncoder.build(tokenizer, TokenCache(10_000))
+    assert encoder is not None
+    history = "<|im_start|>user\nthe quick brown fox<|im_end|>\n<|im_start|>assistant\npaged attention<|im_end|>\n"
+    turn = history + "<|im_start|>user\nKV cache<|im_end|>\n"
+    assert encoder.encode_cached(history, 10_000) is None  # the first prompts are verified in a thread first
+    while encoder.to_verify:
+        assert encoder.encode(history) == whole(tokenizer, history)
+    assert encoder.encode_cached(turn, 5) is None  # its new segment is longer than 5 characters
+    assert encoder.encode_cached(turn, 100) == whole(tokenizer, turn)
+    tokenizer.split_special_tokens = True
+    assert encoder.encode_cached(turn, 100) is None
+
+
+async def test_a_next_turn_is_tokenized_on_the_event_loop_with_the_same_ids(
+    tiny_model: Path, tiny_tokenizer: Any
+) -> None:
+    from litellm_disagg.routing.kv.token_cache import VERIFY_FIRST
+
+    prompts = PromptTokenizer(TokenizerSettings(model_dirs={"tiny": str(tiny_model)}, inline_max_new_chars=2000))
+    in_thread = PromptTokenizer(TokenizerSettings(model_dirs={"tiny": str(tiny_model)}, inline_max_new_chars=0))
+    rng = random.Random(5)
+    messages = [{"role": "user", "content": sentence(rng, 600)}]  # over 2000 characters: a thread
+    for _ in range(VERIFY_FIRST + 3):
+        before = prompts.inline_encodes
+        loaded = prompts._loaded.get("tiny")
+        verified = loaded is not None and loaded.segments is not None and loaded.segments.to_verify == 0
+        ids = await chat(prompts, "tiny", messages)
+        assert ids == whole_chat(tiny_tokenizer, messages) == await chat(in_thread, "tiny", messages)
+        # inline once the tokenizer's first prompts are verified, and only a turn that adds little new text
+        assert prompts.inline_encodes - before == (1 if verified and len(messages) > 1 else 0)
+        messages += [{"role": "assistant", "content": sentence(rng, 30)}, {"role": "user", "content": "why?"}]
+    assert prompts.inline_encodes >= 2 and in_thread.inline_encodes == 0
+    long_turn = [*messages, {"role": "user", "content": sentence(rng, 600)}]
+    before = prompts.inline_encodes
+    assert await chat(prompts, "tiny", long_turn) == whole_chat(tiny_tokenizer, long_turn)
+    assert prompts.inline_encodes == before
+    completion = await prompts.tokenize(model="tiny", endpoint=Endpoint.COMPLETIONS, fields={"prompt": "the fox"})
+    assert completion == tiny_tokenizer("the fox")["input_ids"]  # add_special_tokens: whole, in a thread
+    assert prompts.inline_encodes == before
+    await prompts.aclose()
+    await in_thread.aclose()
+
+
+async def test_a_tokenizer_busy_in_a_thread_is_not_waited_for_on_the_event_loop(
+    tiny_model: Path, tiny_tokenizer: Any
+) -> None:
+    import threading
+
+    prompts = PromptTokenizer(TokenizerSettings(model_dirs={"tiny": str(tiny_model)}))
+    rng = random.Random(6)
+    messages = [{"role": "user", "content": sentence(rng, 50)}]
+    for _ in range(8):
+        await chat(prompts, "tiny", messages)
+        messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": sentence(rng, 5)}]
+    assert prompts.inline_encodes > 0
+    lock = prompts._loaded["tiny"].lock
+    lock.acquire()  # another thread's tokenization, finishing in 0.3 s
+    threading.Timer(0.3, lock.release).start()
+    before = prompts.inline_encodes
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    tick_task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    ids = await chat(prompts, "tiny", messages)
+    tick_task.cancel()
+    assert ids == whole_chat(tiny_tokenizer, messages)
+    assert prompts.inline_encodes == before  # tokenized in the thread once the lock was free
+    assert ticks > 3  # the event loop ran meanwhile
+    await prompts.aclose()

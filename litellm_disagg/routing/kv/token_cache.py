@@ -104,6 +104,12 @@ class TokenCache:
                 out.append(found)
         return out
 
+    def missing_chars(self, owner: int, texts: Sequence[str]) -> int:
+        """How many characters of ``texts`` are not cached (a peek: no statistics, no change of the LRU order)."""
+        entries = self._entries
+        with self._lock:
+            return sum(len(text) for text in texts if (owner, text) not in entries)
+
     def put(self, owner: int, text: str, ids: tuple[int, ...]) -> None:
         if len(ids) > self.max_tokens:
             return
@@ -265,6 +271,19 @@ class SegmentEncoder:
                 logger.warning("segment-wise tokenization differs from whole encoding: disabled for this tokenizer")
                 return whole
         return ids
+
+    def encode_cached(self, text: str, max_new_chars: int) -> list[int] | None:
+        """``encode(text)`` when it is cheap now, else None with nothing changed (call ``encode``, in a thread).
+
+        Cheap: segmenting usable, this tokenizer's first prompts already verified against whole encoding, and at most
+        ``max_new_chars`` of the text's segments not in the cache (a conversation's next turn: its new messages).
+        The ids are ``encode``'s: the same segments through the same cache."""
+        if self.to_verify > 0 or not self.usable():
+            return None
+        segments = self.split(text)
+        if self.cache.missing_chars(self.owner, segments) > max_new_chars:
+            return None
+        return self._encode_segments(segments, use_cache=True)
 
     def encode_whole(self, text: str) -> list[int]:
         """The reference: the tokenizer's own call, as for any prompt."""
