@@ -124,3 +124,44 @@ def test_queued_tokens_are_part_of_a_prefill_observation() -> None:
         queued = (i % 5) * 4000
         d.observe_prefill(computed, (computed + queued) / 20_000, queued_tokens=queued)
     assert d.prefill.estimate().tokens_per_s == pytest.approx(20_000, rel=0.05)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_slow_first_observation_stops_ruling_once_it_is_stale() -> None:
+    """One slow remote prefill and one slow transfer (a cold engine, a first NIXL handshake) make every prompt local,
+    and local prompts bring no new observation; after ``estimate_ttl_s`` the lines are the priors again and the next
+    long prompt goes remote, to be measured again."""
+    clock = _Clock()
+    d = DisaggDecider(DisaggDecisionSettings(estimate_ttl_s=60), clock=clock)
+    long_prompt = DisaggInputs(prompt_tokens=1500)
+    assert d.decide(long_prompt).remote
+    d.observe_prefill(1500, 0.5)
+    d.observe_transfer(1500, 3.0)
+    assert not d.decide(long_prompt).remote  # the transfer looks slower than computing the prompt on the decode worker
+    clock.now += 59
+    assert not d.decide(long_prompt).remote and d.estimates().transfer_observations == 1
+    clock.now += 2
+    assert d.decide(long_prompt).remote
+    estimates = d.estimates()
+    assert (estimates.prefill_observations, estimates.transfer_observations) == (0, 0)
+    assert estimates.prefill == d.prefill.prior and estimates.transfer == d.transfer.prior
+
+
+def test_fresh_observations_keep_an_estimate_and_no_ttl_keeps_it_for_good() -> None:
+    clock = _Clock()
+    d = DisaggDecider(DisaggDecisionSettings(estimate_ttl_s=60), clock=clock)
+    for _ in range(5):
+        d.observe_prefill(1000, 0.2)
+        clock.now += 30
+    assert d.estimates().prefill_observations == 5
+    forever = DisaggDecider(DisaggDecisionSettings(estimate_ttl_s=None), clock=clock)
+    forever.observe_transfer(1500, 3.0)
+    clock.now += 10_000
+    assert forever.estimates().transfer_observations == 1

@@ -25,16 +25,27 @@ NIXL counters, aggregated between two scrapes (``observe_transfers``, fed by the
 the interval, weighted as the requests it stands for, so both estimates forget at the pace of requests.
 ``estimates()`` returns the current lines.
 
+Expiry: observations come only from remote prefills (and their transfers). A line that once looked slow would keep
+every request local, and so unobserved, for good (seen: after a prefill worker's restart, its first slow answer kept
+`up` prefilling on the decode worker). So a line with no new observation for ``estimate_ttl_s`` goes back to its
+prior, which sends the next long prompt remote and measures again: at most one probe per ``estimate_ttl_s`` while
+local prefill really is cheaper.
+
 Overrides: ``mode: always`` / ``never``; in ``auto``, ``min_remote_prefill_tokens`` (when set) replaces the cost
 model by a plain threshold on the tokens the decode worker lacks.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from litellm_disagg.routing.kv.settings import DisaggDecisionSettings
+
+logger = logging.getLogger(__name__)
 
 _MIN_SECONDS_PER_TOKEN = 1e-12
 
@@ -87,6 +98,11 @@ class OnlineLinearFit:
         self._xx = self._xx * keep + added * tokens * tokens
         self._xy = self._xy * keep + added * tokens * seconds
         self.observations += 1
+
+    def reset(self) -> None:
+        """Forget every observation: the prior again."""
+        self.observations = 0
+        self._w = self._x = self._y = self._xx = self._xy = 0.0
 
     def estimate(self) -> LinearEstimate:
         if self.observations == 0:
@@ -147,8 +163,11 @@ class DisaggDecision:
 
 
 class DisaggDecider:
-    def __init__(self, settings: DisaggDecisionSettings):
+    def __init__(self, settings: DisaggDecisionSettings, *, clock: Callable[[], float] = time.monotonic):
         self.settings = settings
+        self._clock = clock
+        self._observed_at: dict[str, float] = {}
+        """When each line (``prefill``, ``transfer``) last had an observation."""
         self.prefill = OnlineLinearFit(
             LinearEstimate(settings.prior_prefill_overhead_s, settings.prior_prefill_tokens_per_s),
             halflife_observations=settings.halflife_observations,
@@ -164,10 +183,12 @@ class DisaggDecider:
         """A remote prefill took ``seconds`` from sending to its response; it computed ``computed_tokens`` (prompt
         minus the prefill worker's cache hit) behind ``queued_tokens`` already waiting there."""
         self.prefill.observe(computed_tokens + queued_tokens, seconds)
+        self._observed_at["prefill"] = self._clock()
 
     def observe_transfer(self, tokens: int, seconds: float) -> None:
         """A decode worker pulled ``tokens`` tokens' worth of KV in ``seconds``."""
         self.transfer.observe(tokens, seconds)
+        self._observed_at["transfer"] = self._clock()
 
     def observe_transfers(
         self, *, transfers: float, seconds: float, tokens: float, handles_per_request: float = 1.0
@@ -181,8 +202,25 @@ class DisaggDecider:
             return
         requests = transfers / handles_per_request
         self.transfer.observe(tokens / requests, seconds / transfers, weight=requests)
+        self._observed_at["transfer"] = self._clock()
+
+    def _expire(self) -> None:
+        """Lines without an observation for ``estimate_ttl_s`` go back to their priors (the module's docstring)."""
+        ttl = self.settings.estimate_ttl_s
+        if ttl is None or not self._observed_at:
+            return
+        now = self._clock()
+        for name, fit in (("prefill", self.prefill), ("transfer", self.transfer)):
+            at = self._observed_at.get(name)
+            if at is not None and now - at > ttl:
+                del self._observed_at[name]
+                if fit.observations:
+                    logger.info("no %s observation for %.0f s: its estimate is back to the prior (%s)",
+                                name, now - at, fit.prior)
+                fit.reset()
 
     def estimates(self) -> DisaggEstimates:
+        self._expire()
         return DisaggEstimates(
             prefill=self.prefill.estimate(),
             transfer=self.transfer.estimate(),
@@ -218,6 +256,7 @@ class DisaggDecider:
 
     def costs(self, inputs: DisaggInputs) -> tuple[float, float]:
         """``(remote, local)`` costs in seconds, as in the module's docstring."""
+        self._expire()
         prefill = self.prefill.estimate()
         transfer = self.transfer.estimate()
         lacking_remote = max(0, inputs.prompt_tokens - inputs.prefill_cached_tokens)

@@ -99,6 +99,10 @@ class DisaggDecisionSettings(_Strict):
     """Priors for the online estimates, used until observations replace them."""
     halflife_observations: Positive = 50.0
     """Older observations weigh half as much after this many newer ones."""
+    estimate_ttl_s: Positive | None = 60.0
+    """An estimate with no new observation for this long goes back to its prior (None: estimates never expire).
+    Observations come only from remote prefills, so a line that once looked slow (a cold engine's first request, a
+    first NIXL handshake) would otherwise keep every request local, and so unobserved, for good."""
     decode_time_weight: NonNegative = 1.0
     """Cost of one second the decode worker spends prefilling, on top of the request's own wait, per request it
     delays (the request's decode slot counts as one, plus each running request): time taken from decoding."""
