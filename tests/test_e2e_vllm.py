@@ -3,6 +3,7 @@ shipped ``proxy_config.yaml`` (KV routing as shipped, every prompt prefilled rem
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 
 import httpx
@@ -10,7 +11,12 @@ import openai
 import psutil
 import pytest
 
+from litellm_disagg.engines.vllm.transfer import KVTransferParams
 from litellm_disagg.processes import wait_until
+from litellm_disagg.routing.cooldown import FailureCooldown
+from litellm_disagg.routing.kv_release import KVReleases
+from litellm_disagg.routing.pool import WorkerPool
+from litellm_disagg.transfer.prefill import PrefillClient
 
 from .support.net import metric
 from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, registered
@@ -23,6 +29,7 @@ PROMPT = "def fibonacci(n):\n    " * 25
 EXTERNAL = "vllm:prompt_tokens_by_source_total"
 
 
+LONG_LEASE_S = 600
 WORKER_KEY = "sk-worker-key-e2e"
 """The workers refuse /v1 without it; the proxy has it from its environment (worker_auth's default variable)."""
 
@@ -36,7 +43,10 @@ class Stack:
         self.key_file = base / "worker.key"
         self.key_file.write_text(WORKER_KEY + "\n")
         keyed = ["--api-key-file", str(self.key_file)]
-        self.prefill = WorkerProc("prefill", tiny_model, self.registry, base, wrapper_args=list(keyed))
+        # A 600 s lease (vLLM's default: 30 s): unread KV that comes back within the KV-release test's deadline came
+        # back by the router's release, not by the lease running out.
+        self.prefill = WorkerProc("prefill", tiny_model, self.registry, base,
+                                  wrapper_args=[*keyed, "--kv-lease-s", str(LONG_LEASE_S)])
         self.decode = WorkerProc("decode", tiny_model, self.registry, base, wrapper_args=list(keyed))
         # The transfer is the subject here: every prompt prefilled remotely (support/proxy_configs.py).
         config = shipped_with_remote_prefill(base, model="tiny", model_dir=tiny_model)
@@ -97,6 +107,10 @@ def local_tokens(worker: WorkerProc) -> float:
     return metric(worker.url, EXTERNAL, source="local_compute")
 
 
+def kv_usage(worker: WorkerProc) -> float:
+    return metric(worker.url, "vllm:kv_cache_usage_perc")
+
+
 def test_chat_disaggregated_equals_aggregated(stack):
     reference = aggregated(stack.prefill).chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0)
     before = external_tokens(stack.decode)
@@ -129,6 +143,42 @@ def test_kv_arrives_by_transfer_and_prefill_gets_one_token(stack):
     # Exactly one more request reached the prefill worker, and it asked for at most one token.
     assert metric(stack.prefill.url, "vllm:request_params_max_tokens_count") - pre_count == 1
     assert metric(stack.prefill.url, "vllm:request_params_max_tokens_bucket", le="1.0") - pre_one == 1
+
+
+def test_unread_prefill_kv_is_released_through_the_decode_worker(stack):
+    """A prefill whose decode never comes (the attempt failed): the router's release (routing/kv_release.py, sent to
+    a live decode worker) frees the prefill worker's blocks, which the 600 s lease would otherwise hold."""
+    prefill, decode = registered(stack.registry, stack.prefill.worker_id), registered(stack.registry, stack.decode.worker_id)
+    assert prefill is not None and decode is not None
+    before = kv_usage(stack.prefill)
+    body = {"model": "tiny", "prompt": "def release_me(n):\n    " * 40, "max_tokens": 1,
+            "kv_transfer_params": {"do_remote_decode": True}}  # fmt: skip
+    answer = httpx.post(f"{stack.prefill.url}/v1/completions", json=body, timeout=120,
+                        headers={"Authorization": f"Bearer {WORKER_KEY}"})
+    answer.raise_for_status()
+    handle = KVTransferParams.model_validate(answer.json()["kv_transfer_params"])
+    wait_until(lambda: kv_usage(stack.prefill) > before, timeout_s=60, interval_s=0.25,
+               what="the prefill worker to hold the prompt's blocks for a decode")
+
+    async def release() -> int:
+        sender = PrefillClient(api_key=WORKER_KEY)
+        pool = WorkerPool.of([prefill, decode])
+        releases = KVReleases(sender=sender, pool=lambda: pool, cooldown=FailureCooldown())
+        try:
+            releases.attempt("call-unread", decode=decode, prefill=prefill, handle=handle)
+            releases.ended("call-unread", worker_id=decode.worker_id, failed=True)  # LiteLLM's failure event
+            for _ in range(1200):  # the release is a background task
+                if releases.sent:
+                    break
+                await asyncio.sleep(0.1)
+            return releases.sent
+        finally:
+            await releases.aclose()
+            await sender.aclose()
+
+    assert asyncio.run(release()) == 1
+    wait_until(lambda: kv_usage(stack.prefill) <= before, timeout_s=120, interval_s=0.25,
+               what=f"the prefill worker to free the released blocks (its lease is {LONG_LEASE_S} s)")
 
 
 def test_missing_key_is_401_and_a_wrong_key_reaches_no_worker(stack):
