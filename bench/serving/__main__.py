@@ -49,8 +49,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--prefix-words", type=int, help="system prompt / shared document length, in words")
     p.add_argument("--question-words", type=int)
     p.add_argument("--documents", type=int, default=4, help="shared documents (skewed: twice as many)")
+    p.add_argument("--zipf", type=float, default=workloads.Shape.zipf_s,
+                   help="skewed: Zipf exponent of the documents' popularity (higher: hotter top document)")
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--proxies", type=int, default=1,
+                   help="proxy replicas per arm, same config; sessions spread over them round robin")
     p.add_argument("--kv-routing", default="{}", help="JSON merged into the KV-aware arm's kv_routing section")
     p.add_argument("--out", default="bench/results")
     sim = p.add_argument_group("simulated workers")
@@ -97,19 +101,24 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
             run_dir: Path) -> report.ArmFigures:
     arm = arms_mod.build(name, workers, kv_routing=json.loads(args.kv_routing))
     asyncio.run(reset_prefix_caches(workers.workers))
-    server = proxy.start(arm.config, run_dir, f"{schedule.workload}-{name}", model=workers.model)
+    count = getattr(args, "proxies", 1)
+    label = f"{schedule.workload}-{name}" if count == 1 else f"{schedule.workload}-{name}-x{count}"
+    servers = proxy.start_replicas(arm.config, run_dir, label, model=workers.model, count=count)
+    key = servers[0].key
     try:
-        asyncio.run(warm_up(server.base_url, server.key, workers.model, len(workers.workers)))
+        for server in servers:
+            asyncio.run(warm_up(server.base_url, key, workers.model, len(workers.workers)))
         time.sleep(1.0)  # discovery and the load scraper catch up; in-flight entries of the warm-up end
         asyncio.run(reset_prefix_caches(workers.workers))
         time.sleep(0.5)  # the AllBlocksCleared events reach the router
         before = asyncio.run(read_counters(workers.workers))
-        results, wall = asyncio.run(loadgen.run(schedule, arm=arm, base_url=server.base_url, key=server.key,
+        results, wall = asyncio.run(loadgen.run(schedule, arm=arm, base_url=[s.base_url for s in servers], key=key,
                                                 model=workers.model, workers=len(workers.workers),
                                                 max_tokens=args.max_tokens))
         after = asyncio.run(read_counters(workers.workers))
     finally:
-        server.close()
+        for server in servers:
+            server.close()
     return report.figures(name, results, wall, before, after)
 
 
@@ -134,7 +143,7 @@ def main() -> None:
         for workload in chosen:
             shape = workloads.Shape(requests=args.requests, rate=args.rate, turns=args.turns, think_s=args.think,
                                     prefix_words=args.prefix_words, question_words=args.question_words,
-                                    documents=args.documents)
+                                    documents=args.documents, zipf_s=args.zipf)
             schedule = workloads.build(workload, shape, seed=args.seed)  # type: ignore[arg-type]
             rows = []
             for name in arm_names:

@@ -23,7 +23,8 @@ def test_defaults() -> None:
     assert not s.enabled
     assert s.index.mode == "precise" and s.events.on_gap == "keep"
     assert s.prefill.weights == {"kv_cost": 1.0} and s.prefill.cost.decode == 0.0
-    assert s.decode.weights == {"kv_cost": 1.0, "kv_free": 0.25, "prefix_overlap": 0.5}
+    assert s.decode.weights == {"kv_cost": 1.0, "kv_free": 0.25, "prefix_overlap": 0.5, "live_sessions": 1.0}
+    assert s.decode.bounded_load is not None and s.prefill.bounded_load is None
     assert (s.decode.cost.prefill, s.decode.cost.decode, s.decode.cost.active) == (1.0, 0.0, 1.0)
     assert s.disaggregation.mode == "auto" and s.disaggregation.min_remote_prefill_tokens is None
     assert s.tokenizer.max_cached_tokens == 1_000_000

@@ -52,7 +52,7 @@ def test_ranking_is_the_failover_order():
 
 
 def test_profiles_name_only_known_scorers_and_some_weight():
-    assert set(SCORERS) == {"prefix_overlap", "load", "kv_free", "kv_cost"}
+    assert set(SCORERS) == {"prefix_overlap", "load", "kv_free", "kv_cost", "live_sessions"}
     with pytest.raises(ValidationError, match="unknown scorer"):
         ProfileSettings(weights={"nope": 1.0})
     with pytest.raises(ValidationError, match="positive weight"):

@@ -34,6 +34,7 @@ from litellm_disagg.routing.kv.block_hash import PromptBlocks
 from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, DisaggDecision, DisaggInputs
 from litellm_disagg.routing.kv.event_applier import ApplierStats, EventApplier
 from litellm_disagg.routing.kv.event_subscriber import BadEndpoint, KVEventSubscriber
+from litellm_disagg.routing.kv.live_sessions import LiveSessions
 from litellm_disagg.routing.kv.load_scraper import LoadScraper, TransferSample
 from litellm_disagg.routing.kv.prefix_index import IndexStats, PrefixIndex
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
@@ -78,6 +79,8 @@ class KVRouter:
             accounting if accounting is not None else Accounting(max_age_s=settings.load.inflight_max_age_s, clock=clock)
         )
         self.index = PrefixIndex(predicted_ttl_s=settings.index.predicted_ttl_s, clock=clock)
+        self.sessions = LiveSessions(settings.decode.sessions, clock=clock)
+        """Prefixes each decode worker served recently (the ``live_sessions`` scorer's input)."""
         self.decider = DisaggDecider(settings.disaggregation)
         self.tokenizer = PromptTokenizer(settings.tokenizer, client=http_client)
         self._tp_sizes: dict[str, int] = {}
@@ -166,7 +169,10 @@ class KVRouter:
                     cached[worker.worker_id] = usable_cached_tokens(blocks, size, prompt.num_tokens)
         loads = collect_loads(candidates, accounting=self.accounting, scraped=self.scraper.lookup())
         return ScoringContext(
-            prompt_tokens=0 if prompt is None else prompt.num_tokens, cached_tokens=cached, loads=loads
+            prompt_tokens=0 if prompt is None else prompt.num_tokens,
+            cached_tokens=cached,
+            loads=loads,
+            live_sessions=self.sessions.counts(),
         )
 
     def decide(self, prompt: PromptBlocks | None, decode: Selection, prefill: Selection) -> DisaggDecision:
@@ -192,6 +198,8 @@ class KVRouter:
         """Where the prompt's blocks now live (until events confirm it), and what the remote prefill cost."""
         prompt = plan.prompt
         self.routed(prompt, plan.decode)
+        if prompt is not None and prompt.num_tokens:
+            self.sessions.routed(plan.decode.worker_id, prompt.hashes(plan.decode.block_size))
         if prefill_worker_id is None or prompt is None:
             return
         prefill = next((p for p in plan.prefill_order if p.worker_id == prefill_worker_id), None)
@@ -261,6 +269,7 @@ class KVRouter:
 
     def _forget(self, worker_id: str) -> None:
         self._indexed.pop(worker_id, None)
+        self.sessions.forget(worker_id)
         self.index.remove_worker(worker_id)
         subscriber = self._subscribers.pop(worker_id, None)
         if subscriber is None:

@@ -3,7 +3,8 @@
 - ``WorkerLoad``: one immutable load snapshot per worker (a named tuple: 64 of them per decision must cost
   microseconds): this router's in-flight figures (``Accounting``) and the engine's scraped metrics.
 - ``ScoringContext``: the prompt's length, the cached tokens per worker (from the KV prefix index, when KV-aware
-  routing is on; else empty) and the loads.
+  routing is on; else empty), the loads, and the live sessions per worker (prefixes each recently served that may
+  come back: ``routing/kv/live_sessions.py``; empty without KV-aware routing).
 - ``collect_loads``: the snapshot of many workers at one instant.
 
 Context providers (``providers.py``) build it; scorers only read it.
@@ -12,7 +13,7 @@ Context providers (``providers.py``) build it; scorers only read it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from litellm_disagg.routing.accounting import Accounting
@@ -70,6 +71,8 @@ class ScoringContext:
     cached_tokens: Mapping[str, int]
     """Per worker: leading prompt tokens its prefix cache can serve (``usable_cached_tokens``); absent means 0."""
     loads: Mapping[str, WorkerLoad]
+    live_sessions: Mapping[str, int] = field(default_factory=dict)
+    """Per worker: prefixes it served within the sessions window that were not continued elsewhere (absent: 0)."""
 
     def cached(self, worker_id: str) -> int:
         return self.cached_tokens.get(worker_id, 0)

@@ -1,6 +1,7 @@
 """Pipeline: one pool's selection, the same code for every request, KV-aware routing on or off.
 
-    candidates (already through ``filters.py``) ─► scorers (weighted, clamped to [0, 1], summed) ─► picker ─► Selection
+    candidates (already through ``filters.py``) ─► scorers (weighted, clamped to [0, 1], summed)
+        ─► bounded load (``bounded_load.py``, when the profile sets it: who may be picked) ─► picker ─► Selection
 
 The scoring context (prompt length, cached tokens, loads) comes from a context provider (``providers.py``); the
 pipeline itself does no I/O and changes no state but its picker's RNG and rotation: it answers "which worker would
@@ -13,6 +14,7 @@ import itertools
 import random
 from collections.abc import Sequence
 
+from litellm_disagg.routing.pipeline.bounded_load import within_bound
 from litellm_disagg.routing.pipeline.context import ScoringContext
 from litellm_disagg.routing.pipeline.picker import Picker
 from litellm_disagg.routing.pipeline.profile import ProfileSettings
@@ -54,5 +56,14 @@ class Pipeline:
                 clamped[wid] = value
                 totals[wid] += weight * value
             scores[scorer.name] = clamped
-        worker, how = self.picker.pick(ctx, candidates, totals)
-        return Selection(worker, how, totals, scores=scores, ctx=ctx, costs=costs)
+        bounded = self.profile.bounded_load
+        if bounded is None or len(candidates) == 1:
+            worker, how = self.picker.pick(ctx, candidates, totals)
+            return Selection(worker, how, totals, scores=scores, ctx=ctx, costs=costs)
+        active = None if costs is None else [costs[wid].active_requests for wid in ids]
+        eligible, over = within_bound(ctx, candidates, bounded, active)
+        if not over:
+            worker, how = self.picker.pick(ctx, candidates, totals)
+        else:
+            worker, how = self.picker.pick(ctx, eligible, {w.worker_id: totals[w.worker_id] for w in eligible})
+        return Selection(worker, how, totals, scores=scores, ctx=ctx, costs=costs, over_bound=over)

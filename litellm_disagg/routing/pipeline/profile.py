@@ -9,7 +9,11 @@ Presets:
 | ``least_inflight`` | ``load: 1`` (the router's own in-flight counts) | rotate         | ``picker: least_inflight`` (default) |
 | ``round_robin``    | none (every candidate ties)                     | rotate         | ``picker: round_robin``              |
 | KV prefill         | ``kv_cost: 1`` (uncached + queued blocks)       | least loaded   | ``kv_routing.prefill``               |
-| KV decode          | ``kv_cost: 1, kv_free: 0.25, prefix_overlap: 0.5`` | least loaded | ``kv_routing.decode``              |
+| KV decode          | ``kv_cost: 1, kv_free: 0.25, prefix_overlap: 0.5, | least loaded | ``kv_routing.decode``              |
+|                    | live_sessions: 1``; bounded load 1.5x mean + 2   |              |                                    |
+
+``bounded_load`` (``bounded_load.py``) keeps a hot prefix's holder from being chosen while its load is above the
+bound; ``sessions`` sets what the ``live_sessions`` scorer counts (``routing/kv/live_sessions.py``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,28 @@ class CostWeights(_Strict):
     active: NonNegative = 1.0
 
 
+class BoundedLoadSettings(_Strict):
+    """Bounded load (``bounded_load.py``): a candidate whose active requests exceed ``factor * mean + slack`` (the
+    mean over the pool's candidates) is not chosen, however much of the prompt it caches; the best of the others takes
+    the request and computes (replicates) the prefix. ``factor`` is the ``c`` of consistent hashing with bounded
+    loads; ``slack`` keeps a nearly idle pool (mean close to 0) from refusing a worker its second request."""
+
+    factor: Annotated[float, Field(ge=1.0)] = 1.5
+    slack: NonNegative = 2.0
+
+
+class SessionSettings(_Strict):
+    """What the ``live_sessions`` scorer counts: prefixes (conversations, shared documents) a worker served within
+    the last ``window_s`` seconds and not since continued elsewhere: the work it is expected to be asked to continue.
+    The scorer only speaks for requests without a cache hit (no candidate caches ``min_hit_fraction`` more of the
+    prompt than another); with a hit the cache decides."""
+
+    window_s: Annotated[float, Field(gt=0)] = 30.0
+    min_hit_fraction: Annotated[float, Field(gt=0, le=1)] = 0.1
+    max_tracked: Annotated[int, Field(ge=1)] = 100_000
+    """Bound on tracked prefixes (the oldest go first)."""
+
+
 class ProfileSettings(_Strict):
     """How one pool's worker is chosen."""
 
@@ -49,6 +75,10 @@ class ProfileSettings(_Strict):
     tie_break: TieBreak = "least_loaded"
     """Among candidates tied on the best total: ``least_loaded`` (fewest active requests, then random) or
     ``rotate`` (take turns, in candidate order)."""
+    bounded_load: BoundedLoadSettings | None = None
+    """None: off. Else candidates above the load bound are not chosen (hot prefixes spread over replicas)."""
+    sessions: SessionSettings = SessionSettings()
+    """The ``live_sessions`` scorer's window (used when it is weighted)."""
 
     @field_validator("weights")
     @classmethod
@@ -85,9 +115,12 @@ def kv_decode_profile() -> ProfileSettings:
     # request outweighed a cached prefix of its size and affinity flipped to idle workers; bench/serving measured
     # it). prefix_overlap keeps a conversation on its cache when a holder's queue is a little longer than an idle
     # worker's.
+    # bounded_load: a hot prefix's holder over 1.5x the mean load (+2 requests) is passed over and the prefix
+    # replicates; live_sessions: a new conversation (no cache hit) goes where fewer live sessions will come back.
     return ProfileSettings(
-        weights={"kv_cost": 1.0, "kv_free": 0.25, "prefix_overlap": 0.5},
+        weights={"kv_cost": 1.0, "kv_free": 0.25, "prefix_overlap": 0.5, "live_sessions": 1.0},
         cost=CostWeights(prefill=1.0, decode=0.0, active=1.0),
+        bounded_load=BoundedLoadSettings(),
     )
 
 

@@ -29,7 +29,7 @@ class Selection:
     """The winner, how it won, and (built on first use, so an unlogged decision does not pay for it) the per-worker
     breakdown."""
 
-    __slots__ = ("_breakdown", "_costs", "_ctx", "_scores", "how", "totals", "worker")
+    __slots__ = ("_breakdown", "_costs", "_ctx", "_scores", "how", "over_bound", "totals", "worker")
 
     def __init__(
         self,
@@ -40,6 +40,7 @@ class Selection:
         scores: dict[str, dict[str, float]] | None = None,
         ctx: ScoringContext | None = None,
         costs: dict[str, CostTerms] | None = None,
+        over_bound: frozenset[str] = frozenset(),
     ):
         self.worker = worker
         self.how = how
@@ -49,6 +50,8 @@ class Selection:
         self._ctx = ctx
         self._costs = costs
         self._breakdown: dict[str, WorkerBreakdown] | None = None
+        self.over_bound = over_bound
+        """Candidates the profile's bounded load kept from being chosen (``bounded_load.py``)."""
 
     @property
     def worker_id(self) -> str | None:
@@ -73,9 +76,10 @@ class Selection:
         return self._breakdown
 
     def ranking(self) -> list[str]:
-        """Worker ids, the chosen one first, then by descending total: the order to fail over in."""
-        totals = self.totals
-        rest = sorted((wid for wid in totals if wid != self.worker_id), key=lambda wid: -totals[wid])
+        """Worker ids, the chosen one first, then by descending total (those over the load bound last): the order to
+        fail over in."""
+        totals, over = self.totals, self.over_bound
+        rest = sorted((wid for wid in totals if wid != self.worker_id), key=lambda wid: (wid in over, -totals[wid]))
         return ([self.worker_id] if self.worker_id is not None else []) + rest
 
     def describe(self) -> str:
@@ -84,4 +88,5 @@ class Selection:
         for wid, b in sorted(self.breakdown.items(), key=lambda item: -item[1].total):
             scores = ",".join(f"{name}={value:.3f}" for name, value in b.scores.items())
             parts.append(f"{wid}:{b.total:.3f}[{scores};cached={b.cached_tokens};active={b.active_requests:g}]")
-        return f"picked {self.worker_id} ({self.how}) " + " ".join(parts)
+        bounded = f" over the load bound: {','.join(sorted(self.over_bound))}" if self.over_bound else ""
+        return f"picked {self.worker_id} ({self.how}){bounded} " + " ".join(parts)
