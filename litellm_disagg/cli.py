@@ -12,16 +12,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from litellm_disagg.discovery.cli import add_registry_args, registry_from_args
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.engines import ENGINES, get_engine
 from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.version import __version__
+
+if TYPE_CHECKING:
+    from litellm_disagg.engines.base import LaunchSpec
+    from litellm_disagg.workers.bind_failure import BindFailure
 
 MIB = 1024 * 1024
 
@@ -78,9 +85,15 @@ def _worker_api_key(path: str | None) -> str | None:
     return read_key_file(path) if path else (os.environ.get(DEFAULT_ENV) or None)
 
 
+_BIND_RETRIES = 3
+"""Starts of one worker command when the NIXL side-channel port it picked itself turns out taken."""
+
+
 def _run_worker(args: argparse.Namespace) -> int:
     from litellm_disagg.engines.base import LaunchSpec
-    from litellm_disagg.workers.wrapper import LifecycleOptions, WorkerWrapper, default_worker_id, free_port
+    from litellm_disagg.ports import free_port
+    from litellm_disagg.workers.bind_failure import BindFailure
+    from litellm_disagg.workers.wrapper import LifecycleOptions, WorkerWrapper, default_worker_id
 
     engine = get_engine(args.engine)
     role = WorkerRole(args.role)
@@ -96,6 +109,7 @@ def _run_worker(args: argparse.Namespace) -> int:
     transfer_host = args.nixl_host or args.host
     kv_mib = args.kv_cache_mib if args.kv_cache_mib is not None else (512 if device == "cpu" else None)
     extra = [a for a in args.vllm_args if a != "--"]
+    transfer_port = args.nixl_port or free_port(transfer_host)
     spec = LaunchSpec(
         model=args.model,
         served_model_name=args.served_model_name or Path(args.model.rstrip("/")).name,
@@ -103,7 +117,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         host=args.host,
         port=port,
         transfer_host=transfer_host,
-        transfer_port=args.nixl_port or free_port(transfer_host),
+        transfer_port=transfer_port,
         device=device,
         max_model_len=args.max_model_len,
         kv_cache_bytes=kv_mib * MIB if kv_mib is not None else None,
@@ -123,7 +137,32 @@ def _run_worker(args: argparse.Namespace) -> int:
         role=role,
         allowed_roles=tuple(WorkerRole) if args.switchable else (),
     )
-    return asyncio.run(WorkerWrapper(spec, lifecycle, registry_from_args(args), engine=engine).run())
+
+    def run_once(launch: LaunchSpec) -> tuple[int, BindFailure | None]:
+        wrapper = WorkerWrapper(launch, lifecycle, registry_from_args(args), engine=engine)
+        return asyncio.run(wrapper.run()), wrapper.bind_failure
+
+    return run_retrying_taken_port(spec, run_once, repick=None if args.nixl_port else lambda: free_port(transfer_host))
+
+
+def run_retrying_taken_port(
+    spec: LaunchSpec,
+    run_once: Callable[[LaunchSpec], tuple[int, BindFailure | None]],
+    *,
+    repick: Callable[[], int] | None,
+    attempts: int = _BIND_RETRIES,
+) -> int:
+    """Run the worker; when the engine could not bind the NIXL side-channel port and this command picked that port
+    itself (``repick``; never an operator's ``--nixl-port``), start it again on another, up to ``attempts`` starts."""
+    code = 1
+    for _ in range(attempts):
+        code, failed = run_once(spec)
+        if failed is None or repick is None or failed.port != spec.transfer_port:
+            return code
+        print(f"litellm-disagg worker: NIXL side-channel port {spec.transfer_port} was taken; starting again on "
+              "another", file=sys.stderr)
+        spec = dataclasses.replace(spec, transfer_port=repick())
+    return code
 
 
 def _run_prepare(args: argparse.Namespace) -> int:

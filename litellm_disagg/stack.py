@@ -28,7 +28,7 @@ from litellm_disagg.discovery.file.settings import ENV_REGISTRY_DIR
 from litellm_disagg.processes import wait_until
 from litellm_disagg.stack_config import write_stack_config
 from litellm_disagg.supervisor import ChildSpec, Supervisor
-from litellm_disagg.workers.wrapper import free_port
+from litellm_disagg.ports import free_port
 
 STATE_DIR = Path.home() / ".cache" / "litellm-disagg"
 

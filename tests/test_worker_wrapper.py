@@ -91,3 +91,17 @@ async def test_engine_that_fails_to_start_reports_its_output(tmp_path):
     assert await asyncio.wait_for(wrapper.run(), 30) == 3
     assert "engine exploded: bad flag" in log.getvalue()
     assert await reader.snapshot() == []
+
+
+async def test_an_engine_that_could_not_bind_its_side_channel_port_is_stopped_at_once(tmp_path):
+    # vLLM's NIXL handshake listener dies in a thread and the engine waits for it forever: never ready, never exits.
+    hang = [sys.executable, "-c", "import time; print(\"zmq.error.ZMQError: Address already in use "
+            "(addr='tcp://127.0.0.1:53699')\", flush=True); time.sleep(600)"]
+    wrapper, reader, log = make(tmp_path, hang)
+    wrapper.lifecycle = LifecycleOptions(worker_id="w1", ready_timeout_s=600)
+    code = await asyncio.wait_for(wrapper.run(), 60)  # without the check: the 600 s ready timeout
+    assert code != 0
+    assert wrapper.bind_failure is not None and wrapper.bind_failure.port == 53699
+    assert "could not bind port 53699" in log.getvalue()
+    assert await reader.snapshot() == []
+    assert wrapper._proc.returncode is not None  # the hung engine was stopped

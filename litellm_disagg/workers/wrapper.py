@@ -31,8 +31,11 @@ import httpx
 
 from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.engines.base import Engine, EngineLaunch, LaunchSpec
+from litellm_disagg.ports import free_port  # re-exported: older imports take it from here
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
 from litellm_disagg.workers import engine_probe
+from litellm_disagg.workers.bind_failure import BindFailure
+from litellm_disagg.workers.bind_failure import parse as parse_bind_failure
 from litellm_disagg.workers.lifecycle import DrainPolicy, EngineActivity, WorkerLifecycle
 
 logger = logging.getLogger(__name__)
@@ -69,12 +72,6 @@ def _die_with_parent() -> None:
             ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def default_worker_id(role: WorkerRole, port: int) -> str:
     host = socket.gethostname().split(".")[0] or "host"
     return f"{role.value}-{host}-{port}"
@@ -107,6 +104,8 @@ class WorkerWrapper:
         self.config: RuntimeConfig | None = None
         self.registration: WorkerLifecycle | None = None
         """The worker in discovery, from the moment it is published READY."""
+        self.bind_failure: BindFailure | None = None
+        """Set when the engine said, while starting, that it could not bind a port (``workers.bind_failure``)."""
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -145,6 +144,11 @@ class WorkerWrapper:
 
     async def _serve(self, client: httpx.AsyncClient) -> int:
         if not await self._wait_ready(client):
+            if self.bind_failure is not None:
+                port = f"port {self.bind_failure.port}" if self.bind_failure.port is not None else "a port"
+                return self._died(f"vLLM could not bind {port} while starting ({self.bind_failure.line}); it would "
+                                  "never become ready. Another process took the port: choose another (--port, "
+                                  "--nixl-port, --kv-events-port)")
             return self._died("vLLM exited before it became ready") if self._exited() else (0 if self._stop.is_set() else self._died("vLLM did not become ready in time"))
         facts = await engine_probe.engine_facts(client, self.server_url, self.engine.adapter.metrics)
         self.config = RuntimeConfig(
@@ -207,7 +211,7 @@ class WorkerWrapper:
     async def _wait_ready(self, client: httpx.AsyncClient) -> bool:
         deadline = time.monotonic() + self.lifecycle.ready_timeout_s
         while time.monotonic() < deadline and not self._stop.is_set():
-            if self._exited():
+            if self._exited() or self.bind_failure is not None:
                 return False
             if await engine_probe.healthy(client, self.server_url):
                 return True
@@ -234,6 +238,8 @@ class WorkerWrapper:
             line = raw.decode(errors="replace").rstrip()
             self._tail.append(line)
             print(line, file=self.log, flush=True)
+            if self.config is None and self.bind_failure is None:
+                self.bind_failure = parse_bind_failure(line)
         await self._proc.wait()
 
     async def _stop_vllm(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from litellm_disagg.workers.wrapper import free_port
+from litellm_disagg.ports import free_port
 
 __all__ = ["free_port", "metric", "metrics"]
 
