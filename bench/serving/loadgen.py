@@ -1,5 +1,8 @@
 """Send a schedule's sessions through the proxy, streaming, and time each request's tokens.
 
+Several proxy replicas (``base_url`` a list): sessions are spread over them round robin, one session's turns all
+through the same replica, as a load balancer with session stickiness in front of them would.
+
 Each session starts at its scheduled offset; its turns run one after another (``think_s`` apart). Multi-turn
 conversations resend their history with the model's actual answers. Timing is per request: TTFT (first content
 chunk), inter-token latency (mean gap between content chunks after the first), end-to-end latency.
@@ -8,8 +11,10 @@ chunk), inter-token latency (mean gap between content chunks after the first), e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -34,17 +39,21 @@ class RequestResult:
     error: str | None = None
 
 
-async def run(schedule: Schedule, *, arm: Arm, base_url: str, key: str, model: str, workers: int,
+async def run(schedule: Schedule, *, arm: Arm, base_url: str | Sequence[str], key: str, model: str, workers: int,
               max_tokens: int, concurrency_limit: int = 1000) -> tuple[list[RequestResult], float]:
-    """Returns every request's result and the run's wall time (first start to last end)."""
+    """Returns every request's result and the run's wall time (first start to last end). ``base_url``: one proxy, or
+    the replicas to spread the sessions over (round robin by session)."""
     placement = Placement(arm.name, workers) if arm.pinned else None
     results: list[RequestResult] = []
-    # Safe against the keep-alive race with the proxy (litellm_disagg.http_client's docstring).
-    async with pooled_client(base_url=base_url, timeout=httpx.Timeout(600, connect=10), max_connections=concurrency_limit,
-                             max_keepalive_connections=concurrency_limit) as client:
+    urls = [base_url] if isinstance(base_url, str) else list(base_url)
+    async with contextlib.AsyncExitStack() as stack:
+        # Safe against the keep-alive race with the proxy (litellm_disagg.http_client's docstring).
+        clients = [await stack.enter_async_context(pooled_client(
+            base_url=url, timeout=httpx.Timeout(600, connect=10), max_connections=concurrency_limit,
+            max_keepalive_connections=concurrency_limit)) for url in urls]
         t0 = time.monotonic()
 
-        async def one_session(session: Session) -> None:
+        async def one_session(session: Session, client: httpx.AsyncClient) -> None:
             await asyncio.sleep(max(0.0, session.start_s - (time.monotonic() - t0)))
             answers: list[str] = []
             for index, turn in enumerate(session.turns):
@@ -62,7 +71,7 @@ async def run(schedule: Schedule, *, arm: Arm, base_url: str, key: str, model: s
                 if index + 1 < len(session.turns):
                     await asyncio.sleep(session.think_s)
 
-        await asyncio.gather(*(one_session(s) for s in schedule.sessions))
+        await asyncio.gather(*(one_session(s, clients[i % len(clients)]) for i, s in enumerate(schedule.sessions)))
         wall = time.monotonic() - t0
     return results, wall
 

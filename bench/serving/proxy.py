@@ -1,4 +1,5 @@
-"""Start and stop the real LiteLLM proxy (``python -m litellm.proxy.proxy_cli --config ...``) for one arm."""
+"""Start and stop the real LiteLLM proxy (``python -m litellm.proxy.proxy_cli --config ...``) for one arm: one, or
+several replicas of it on the same config and key (``--proxies``)."""
 
 from __future__ import annotations
 
@@ -29,19 +30,30 @@ class Proxy:
 
 
 def start(config: dict[str, Any], run_dir: Path, name: str, *, model: str, timeout_s: float = 180) -> Proxy:
+    [proxy] = start_replicas(config, run_dir, name, model=model, count=1, timeout_s=timeout_s)
+    return proxy
+
+
+def start_replicas(config: dict[str, Any], run_dir: Path, name: str, *, model: str, count: int,
+                   timeout_s: float = 180) -> list[Proxy]:
+    """``count`` proxies on the same config and master key (replicas behind one address), started together."""
     path = run_dir / f"proxy-{name}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
-    port = free_port()
     key = f"sk-bench-{secrets.token_hex(8)}"
     env = dict(os.environ, LITELLM_MASTER_KEY=key, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR")
-    log = run_dir / f"proxy-{name}.log"
-    proc = spawn([sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(path), "--host", "127.0.0.1",
-                  "--port", str(port)], env=env, log=log)
-    proxy = Proxy(f"http://127.0.0.1:{port}", key, proc, log)
+    proxies: list[Proxy] = []
     try:
-        wait_until(lambda: proxy_ready(proxy.base_url, key, model), timeout_s=timeout_s, interval_s=0.5,
-                   alive=lambda: proc.poll() is None, what=f"the proxy for {name} (see {log})")
+        for i in range(count):
+            port = free_port()
+            log = run_dir / (f"proxy-{name}.log" if count == 1 else f"proxy-{name}-{i}.log")
+            proc = spawn([sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(path), "--host",
+                          "127.0.0.1", "--port", str(port)], env=env, log=log)
+            proxies.append(Proxy(f"http://127.0.0.1:{port}", key, proc, log))
+        for proxy in proxies:
+            wait_until(lambda p=proxy: proxy_ready(p.base_url, key, model), timeout_s=timeout_s, interval_s=0.5,
+                       alive=lambda p=proxy: p.proc.poll() is None, what=f"the proxy for {name} (see {proxy.log})")
     except BaseException:
-        proxy.close()
+        for proxy in proxies:
+            proxy.close()
         raise
-    return proxy
+    return proxies
