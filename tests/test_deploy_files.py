@@ -1,5 +1,6 @@
 """The shipped configs and manifests stay in step with the code: every flag they pass exists, every setting validates."""
 
+import re
 import shlex
 from pathlib import Path
 
@@ -64,13 +65,30 @@ def test_kubernetes_worker_args_parse(role):
     assert parsed.role == role and parsed.registry == "consul"
 
 
-def test_systemd_worker_command_parses():
+def _env_file(path: Path) -> dict[str, str]:
+    lines = [line.strip() for line in path.read_text().splitlines()]
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def test_systemd_worker_instances_parse_and_do_not_share_a_port_or_gpu():
     unit = (ROOT / "deploy/systemd/litellm-disagg-worker@.service").read_text()
     exec_start = unit.split("ExecStart=", 1)[1].split("\n# ", 1)[0].replace("\\\n", " ")
-    argv = shlex.split(exec_start.replace("%i", "decode"))
-    assert argv[0].endswith("litellm-disagg")
-    assert parse_worker(argv[1:]).registry == "consul"
-    assert parse_worker(argv[1:]).kv_events_port is not None  # for the shipped config's KV-aware routing
+    shared = _env_file(ROOT / "deploy/systemd/litellm-disagg.env")
+    taken: dict[str, set[str]] = {"ports": set(), "gpus": set()}
+    for role in ("prefill", "decode"):
+        env = shared | _env_file(ROOT / f"deploy/systemd/worker-{role}.env")
+        assert "/etc/litellm-disagg/worker-%i.env" in unit
+        command = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], exec_start.replace("%i", role))
+        argv = shlex.split(command)
+        assert argv[0].endswith("litellm-disagg")
+        args = parse_worker(argv[1:])
+        assert args.role == role and args.registry == "consul"
+        assert args.kv_events_port is not None  # for the shipped config's KV-aware routing
+        ports = {str(args.port), str(args.nixl_port), str(args.kv_events_port)}
+        assert len(ports) == 3 and not ports & taken["ports"]  # two instances on one host must not clash
+        assert env["CUDA_VISIBLE_DEVICES"] not in taken["gpus"]
+        taken["ports"] |= ports
+        taken["gpus"].add(env["CUDA_VISIBLE_DEVICES"])
 
 
 def test_shipped_proxy_config_serves_metrics_and_the_scrape_config_matches():
