@@ -1,6 +1,6 @@
 """How soon a released prefill's KV comes back on real vLLM CPU workers (routing/kv_release.py).
 
-    flock -x /tmp/ld-vllm.lock .venv/bin/python -m bench.kv_release_latency [--rounds 3] [--warm]
+    flock -x /tmp/ld-vllm.lock .venv/bin/python -m bench.kv_release_latency [--rounds 3] [--warm] [--steps none]
 
 One prefill worker (``--kv-lease-s 600``: only the release can free its blocks within the run) and one decode worker
 (tiny Llama, CPU, NIXL). Each round: a prefill with ``do_remote_decode`` (its blocks are then held for a decode), the
@@ -37,7 +37,7 @@ def usage(worker: WorkerProc) -> float:
 
 
 async def one_round(prefill: WorkerProc, decode: WorkerProc, configs: tuple[RuntimeConfig, RuntimeConfig],
-                    index: int) -> float:
+                    index: int, *, steps: tuple[float, ...], timeout_s: float) -> float:
     p_config, d_config = configs
     before = usage(prefill)
     async with httpx.AsyncClient(timeout=120) as client:
@@ -46,17 +46,20 @@ async def one_round(prefill: WorkerProc, decode: WorkerProc, configs: tuple[Runt
         r = await client.post(f"{prefill.url}/v1/completions", json=body)
         r.raise_for_status()
     handle = KVTransferParams.model_validate(r.json()["kv_transfer_params"])
+    held_by = time.monotonic() + 60
     while usage(prefill) <= before:
+        if time.monotonic() > held_by:
+            raise RuntimeError("the prefill's blocks never showed in vllm:kv_cache_usage_perc")
         await asyncio.sleep(0.1)
     sender = PrefillClient()
     pool = WorkerPool.of([p_config, d_config])
-    releases = KVReleases(sender=sender, pool=lambda: pool, cooldown=FailureCooldown())
+    releases = KVReleases(sender=sender, pool=lambda: pool, cooldown=FailureCooldown(), step_delays_s=steps)
     try:
         sent = time.monotonic()
         releases.attempt(f"call-{index}", decode=d_config, prefill=p_config, handle=handle)
         releases.ended(f"call-{index}", worker_id=d_config.worker_id, failed=True)
         while usage(prefill) > before:
-            if time.monotonic() - sent > 300:
+            if time.monotonic() - sent > timeout_s:
                 return float("inf")
             await asyncio.sleep(0.1)
         return time.monotonic() - sent
@@ -69,7 +72,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warm", action="store_true")
+    parser.add_argument("--steps", default="0.5,2,5",
+                        help="seconds after the release to ask the decode worker for an engine step (KVReleases."
+                             "step_delays_s); 'none' for no steps (the behaviour before them)")
+    parser.add_argument("--timeout", type=float, default=300, help="give a round up after this many seconds")
     args = parser.parse_args()
+    steps = () if args.steps == "none" else tuple(float(x) for x in args.steps.split(","))
     base = Path(tempfile.mkdtemp(prefix="kv-release-"))
     model = make_tiny_llama(TEST_MODEL)
     prefill = WorkerProc("prefill", model, base / "registry", base, wrapper_args=["--kv-lease-s", "600"])
@@ -87,8 +95,9 @@ def main() -> None:
         configs = registered(prefill.registry_dir, prefill.worker_id), registered(decode.registry_dir, decode.worker_id)
         assert configs[0] is not None and configs[1] is not None
         for i in range(args.rounds):
-            took = asyncio.run(one_round(prefill, decode, (configs[0], configs[1]), i))
-            print(f"round {i}: usage back {took:.2f} s after the release", flush=True)
+            took = asyncio.run(one_round(prefill, decode, (configs[0], configs[1]), i, steps=steps, timeout_s=args.timeout))
+            state = "warm" if args.warm or i else "cold"
+            print(f"round {i} ({state} pair, steps {args.steps}): usage back {took:.2f} s after the release", flush=True)
     finally:
         prefill.kill()
         decode.kill()

@@ -28,6 +28,13 @@ prefill worker with no blocks read). The release is such a request, sent to a li
 the original one when it is still in the pool and not cooling down, else another. It is best effort: with no decode
 worker reachable the engine's lease frees the blocks (``litellm-disagg worker --kv-lease-s`` sets it; vLLM's default is 30 s).
 
+vLLM's decode worker sends the "nothing read" notification from its worker process on an engine step, and only once
+it is connected to the prefill worker (a first release makes the connection). The pre-aborted request gives an idle
+engine one step, which comes too early on a pair not yet connected, and an idle engine takes no other: the blocks
+then waited for the decode worker's next request or the lease (measured: never within 300 s on a fresh pair, up to
+56 s on a connected one). So after an accepted release the router asks the same decode worker for a few one-token
+requests (``StepsAfterRelease.engine_step``, at ``step_delays_s``): each is one engine step.
+
 A release is sent only for an attempt whose decode produced nothing and whose call LiteLLM has given up on or
 retried: a decode worker that still runs that request would be reading blocks the prefill worker now reuses. LiteLLM
 closes its connection to the decode worker when a call fails or is cancelled, and vLLM aborts a request whose client
@@ -61,6 +68,15 @@ class ReleasesUnreadKV(Protocol):
         ...
 
 
+@runtime_checkable
+class StepsAfterRelease(Protocol):
+    """A transfer protocol whose release goes out only on a later step of the decode worker's engine (vLLM)."""
+
+    def engine_step(self, served_model: str) -> tuple[str, dict[str, Any]]:
+        """A cheap request (path, JSON body) that makes a decode worker's engine step once."""
+        ...
+
+
 class ControlSender(Protocol):
     async def post_control(self, worker: RuntimeConfig, path: str, body: dict[str, Any]) -> int | None: ...
 
@@ -88,6 +104,7 @@ class KVReleases:
         cooldown: FailureCooldown,
         max_age_s: float = 600.0,
         max_targets: int = 2,
+        step_delays_s: tuple[float, ...] = (0.5, 2.0, 5.0),
     ):
         self._sender = sender
         self._pool = pool
@@ -96,10 +113,22 @@ class KVReleases:
         """Entries older than this are forgotten (bookkeeping only: the engine's lease has long run out by then)."""
         self.max_targets = max_targets
         """How many decode workers a release tries before leaving the blocks to the engine's lease."""
+        self.step_delays_s = step_delays_s
+        """After a release, when (seconds after it was accepted) to make its decode worker's engine step
+        (``StepsAfterRelease``): the notification that frees the blocks goes out on a step taken once the worker is
+        connected to the prefill worker, and an idle engine takes none by itself. Empty: no steps."""
         self._calls: dict[str, list[Attempt]] = {}
+        self.max_pairs = 4096
+        self._connected: dict[tuple[str, str], None] = {}
+        """(prefill, decode) worker pairs a decode has read KV through, oldest first (bounded): a release goes
+        through a decode worker already connected to the prefill worker when there is one. A first contact makes
+        the decode worker handshake with the prefill worker, which vLLM gives 5 s; on a loaded CPU machine it timed
+        out and the blocks stayed for the whole lease."""
         self._tasks: set[asyncio.Task[None]] = set()
         self.sent = 0
         """Releases a decode worker accepted (answered at all)."""
+        self.steps = 0
+        """Engine steps asked of decode workers after releases (answered at all)."""
 
     # -- events ---------------------------------------------------------------------------------------------------
 
@@ -119,6 +148,17 @@ class KVReleases:
         attempts = self._calls.get(call_id)
         if attempts:
             attempts[-1].started = True
+            self._read_through(attempts[-1])
+
+    def _read_through(self, attempt: Attempt) -> None:
+        """``attempt``'s decode worker read KV from its prefill worker: that pair is connected."""
+        if attempt.prefill is None or attempt.handle is None:
+            return
+        pair = (attempt.prefill.worker_id, attempt.decode_worker_id)
+        self._connected.pop(pair, None)
+        self._connected[pair] = None
+        while len(self._connected) > self.max_pairs:
+            self._connected.pop(next(iter(self._connected)))
 
     def ended(self, call_id: str, *, worker_id: str | None, failed: bool) -> None:
         """LiteLLM's success or failure event for one attempt of ``call_id`` on ``worker_id`` (None: unknown)."""
@@ -135,6 +175,7 @@ class KVReleases:
             self._release(attempt)
         else:
             attempt.started = True
+            self._read_through(attempt)
 
     def open(self) -> int:
         """Attempts not yet ended (for tests and metrics)."""
@@ -156,12 +197,14 @@ class KVReleases:
         if not targets:
             logger.info("no decode worker to release KV on %s: the engine's lease frees it", attempt.prefill.worker_id)
             return
-        task = asyncio.get_running_loop().create_task(self._send(targets, *request), name="litellm-disagg-kv-release")
+        step = protocol.engine_step if isinstance(protocol, StepsAfterRelease) else None
+        task = asyncio.get_running_loop().create_task(self._send(targets, request, step), name="litellm-disagg-kv-release")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     def _targets(self, attempt: Attempt) -> list[RuntimeConfig]:
-        """Live decode workers of the prefill worker's model and engine: the attempt's own first, healthy ones next."""
+        """Live decode workers of the prefill worker's model and engine: healthy ones first, then those already
+        connected to the prefill worker, then the attempt's own."""
         assert attempt.prefill is not None
         prefill = attempt.prefill
         pool = self._pool()
@@ -169,16 +212,33 @@ class KVReleases:
             w for w in pool.decode_candidates(prefill.model)
             if w.worker_id != prefill.worker_id and w.engine == prefill.engine
         ]  # fmt: skip
-        candidates.sort(key=lambda w: w.worker_id != attempt.decode_worker_id)
+        candidates.sort(key=lambda w: ((prefill.worker_id, w.worker_id) not in self._connected,
+                                       w.worker_id != attempt.decode_worker_id))
         return self._cooldown.prefer_healthy(candidates)[: self.max_targets]
 
-    async def _send(self, targets: list[RuntimeConfig], path: str, body: dict[str, Any]) -> None:
+    async def _send(
+        self,
+        targets: list[RuntimeConfig],
+        request: tuple[str, dict[str, Any]],
+        step: Callable[[str], tuple[str, dict[str, Any]]] | None,
+    ) -> None:
         for target in targets:
-            status = await self._sender.post_control(target, path, body)
+            status = await self._sender.post_control(target, *request)
             if status is not None:
                 self.sent += 1
                 logger.debug("released unread KV through %s (%s)", target.worker_id, status)
+                if step is not None:
+                    await self._step(target, step(target.model))
                 return
+
+    async def _step(self, target: RuntimeConfig, request: tuple[str, dict[str, Any]]) -> None:
+        waited = 0.0
+        for at in self.step_delays_s:
+            await asyncio.sleep(max(0.0, at - waited))
+            waited = max(waited, at)
+            if await self._sender.post_control(target, *request) is None:
+                return  # the worker went away: its engine steps no more
+            self.steps += 1
 
     def _expire(self) -> None:
         cutoff = time.monotonic() - self.max_age_s

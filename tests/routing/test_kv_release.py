@@ -43,7 +43,7 @@ async def settle(r: KVReleases) -> None:
 
 
 def released(sender: Sender) -> list[str]:
-    return [body["kv_transfer_params"]["remote_request_id"] for _, _, body in sender.sent]
+    return [body["kv_transfer_params"]["remote_request_id"] for _, _, body in sender.sent if "kv_transfer_params" in body]
 
 
 async def test_a_failed_attempt_is_released_through_its_own_decode_worker():
@@ -124,3 +124,63 @@ async def test_old_entries_are_forgotten():
     await asyncio.sleep(0.01)
     r.attempt("b", decode=D1, prefill=P, handle=handle(2))
     assert r.open() == 1
+
+
+async def test_after_a_release_its_decode_worker_is_asked_for_engine_steps():
+    # vLLM sends the "nothing read" notification on a later engine step, once connected to the prefill worker; an
+    # idle engine takes none by itself (measured: a fresh pair's blocks never came back within 300 s).
+    sender = Sender()
+    pool = WorkerPool.of((P, D1, D2))
+    r = KVReleases(sender=sender, pool=lambda: pool, cooldown=FailureCooldown(), step_delays_s=(0.0, 0.01, 0.02))
+    r.attempt("c", decode=D1, prefill=P, handle=handle(1))
+    r.ended("c", worker_id="d1", failed=True)
+    for _ in range(100):
+        if r.steps == 3:
+            break
+        await asyncio.sleep(0.01)
+    step = {"model": D1.model, "prompt": [0], "max_tokens": 1}
+    assert sender.sent[1:] == [("d1", RELEASE_PATH, step)] * 3  # the same worker, its own model, one token each
+    assert r.sent == 1 and r.steps == 3
+
+
+async def test_no_steps_are_asked_of_a_worker_that_did_not_answer_or_when_turned_off():
+    sender = Sender(down={"d1", "d2"})
+    pool = WorkerPool.of((P, D1, D2))
+    r = KVReleases(sender=sender, pool=lambda: pool, cooldown=FailureCooldown(), step_delays_s=(0.0,))
+    r.attempt("c", decode=D1, prefill=P, handle=handle(1))
+    r.ended("c", worker_id="d1", failed=True)
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert [wid for wid, _, _ in sender.sent] == ["d1", "d2"] and r.steps == 0
+    sender = Sender()
+    r = KVReleases(sender=sender, pool=lambda: pool, cooldown=FailureCooldown(), step_delays_s=())
+    r.attempt("c", decode=D1, prefill=P, handle=handle(1))
+    r.ended("c", worker_id="d1", failed=True)
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert len(sender.sent) == 1 and r.steps == 0
+
+
+async def test_a_release_goes_through_a_decode_worker_already_connected_to_the_prefill_worker():
+    # A first contact makes the decode worker handshake with the prefill worker (vLLM allows 5 s); on a loaded CPU
+    # machine that timed out and the blocks stayed for the whole lease. D2 has read from P before; D1 has not.
+    sender = Sender()
+    r = releases(sender)
+    r.attempt("earlier", decode=D2, prefill=P, handle=handle(0))
+    r.started("earlier")
+    r.ended("earlier", worker_id="d2", failed=False)
+    r.attempt("c", decode=D1, prefill=P, handle=handle(1))
+    r.ended("c", worker_id="d1", failed=True)
+    await settle(r)
+    assert [(wid, body["kv_transfer_params"]["remote_request_id"]) for wid, _, body in sender.sent] == [("d2", "r1")]
+
+
+async def test_a_local_prefill_connects_no_pair():
+    sender = Sender()
+    r = releases(sender)
+    r.attempt("local", decode=D2, prefill=None, handle=None)
+    r.started("local")
+    r.attempt("c", decode=D1, prefill=P, handle=handle(1))
+    r.ended("c", worker_id="d1", failed=True)
+    await settle(r)
+    assert [wid for wid, _, _ in sender.sent] == ["d1"]

@@ -238,6 +238,14 @@ class VllmNixlProtocol:
             "model": RELEASE_MODEL, "prompt": [0], "max_tokens": 1, PARAMS_KEY: handle.for_decode()
         }  # fmt: skip
 
+    def engine_step(self, served_model: str) -> tuple[str, dict[str, Any]]:
+        """A one-token request that makes the decode worker's engine step (``routing/kv_release.py``). vLLM's
+        connector sends the "nothing read" notification of a refused request from its worker, on an engine step,
+        and only once the worker has its NIXL connection to the prefill worker; a pre-aborted request gives an idle
+        engine one step, too early when the connection is still being made, so without a later step the blocks wait
+        for the decode worker's next request or the lease."""
+        return RELEASE_PATH, {"model": served_model, "prompt": [0], "max_tokens": 1}
+
     def decode_fields(self, handle: TransferHandle) -> dict[str, Any]:
         if not isinstance(handle, KVTransferParams):
             raise TypeError(f"{self.name} cannot decode with a {type(handle).__name__} handle")
