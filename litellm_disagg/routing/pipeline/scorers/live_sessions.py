@@ -27,7 +27,8 @@ class LiveSessionsScorer:
     def has_cache_hit(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> bool:
         if ctx.prompt_tokens <= 0 or not ctx.cached_tokens:
             return False
-        cached = [ctx.cached(w.worker_id) for w in candidates]
+        get = ctx.cached_tokens.get
+        cached = [get(w.worker_id, 0) for w in candidates]
         return (max(cached) - min(cached)) >= self.min_hit_fraction * ctx.prompt_tokens
 
     def score(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, float]:
