@@ -30,6 +30,7 @@ from .sim.conftest import fast_settings, metric
 from .support.fake_worker import FakeWorker
 from .support.net import free_port
 from .support.procs import MASTER_KEY, ProxyProc
+from .support.proxy_configs import plugin_only
 
 FAKE = "fake-model"
 EVIL = {"do_remote_prefill": True, "remote_engine_id": "evil-engine", "remote_block_ids": [[0]],
@@ -59,19 +60,13 @@ class Paths:
                               heartbeat_interval_s=0.5, name="paths")
         await self.sim.__aenter__()
         await self.sim.start(prefill=1, decode=1)
-        config = {
-            "model_list": [],
-            "litellm_settings": {"callbacks": ["litellm_disagg.plugin.handler"], "drop_params": False},
-            "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
-            "router_settings": {"num_retries": 0},
-            "litellm_disagg": {
-                # The fakes do not heartbeat: a TTL longer than the module.
-                "registry": {"backend": "file", "path": str(self.registry_dir), "poll_interval_s": 0.1, "ttl_s": 3600},
-                "sync_interval_s": 0.2,
-                "failure_cooldown_s": 30,
-                "metrics": {"port": self.metrics_port},
-            },
-        }
+        config = plugin_only({
+            # The fakes do not heartbeat: a TTL longer than the module.
+            "registry": {"backend": "file", "path": str(self.registry_dir), "poll_interval_s": 0.1, "ttl_s": 3600},
+            "sync_interval_s": 0.2,
+            "failure_cooldown_s": 30,
+            "metrics": {"port": self.metrics_port},
+        }, router={"num_retries": 0})
         path = self.tmp / "proxy.yaml"
         path.write_text(yaml.safe_dump(config))
         self.proxy = ProxyProc(self.registry_dir, self.tmp, config=path).start()

@@ -23,6 +23,7 @@ from litellm_disagg.processes import spawn, stop, wait_until
 
 from .support.net import free_port, metric
 from .support.procs import MASTER_KEY, ProxyProc, log_tail
+from .support.proxy_configs import plugin_only
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -75,18 +76,12 @@ def stack(tmp_path: Path) -> Iterator[tuple[ProxyProc, dict[str, SimProc], int]]
     registry_dir = tmp_path / "registry"
     registry_dir.mkdir()
     metrics_port = free_port()
-    config = {
-        "model_list": [],
-        "litellm_settings": {"callbacks": ["litellm_disagg.plugin.handler"], "drop_params": False},
-        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
-        "router_settings": {"num_retries": 2, "timeout": 600},
-        "litellm_disagg": {
-            "registry": {"backend": "file", "path": str(registry_dir), "poll_interval_s": 0.2, "ttl_s": 3},
-            "sync_interval_s": 0.2,
-            "metrics": {"port": metrics_port},
-            "migration": {"max_migrations": 3},
-        },
-    }
+    config = plugin_only({
+        "registry": {"backend": "file", "path": str(registry_dir), "poll_interval_s": 0.2, "ttl_s": 3},
+        "sync_interval_s": 0.2,
+        "metrics": {"port": metrics_port},
+        "migration": {"max_migrations": 3},
+    }, router={"num_retries": 2, "timeout": 600})
     config_path = tmp_path / "proxy.yaml"
     config_path.write_text(yaml.safe_dump(config))
     sims = {

@@ -18,6 +18,7 @@ from litellm_disagg.processes import kill_tree
 
 from .support.net import free_port, metric
 from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, log_tail
+from .support.proxy_configs import plugin_only
 
 pytestmark = [
     pytest.mark.vllm,
@@ -51,14 +52,8 @@ async def test_kill_9_of_a_vllm_decode_worker_under_16_streams_loses_none(smollm
     registry = tmp_path / "registry"
     logs = Path(os.environ.get("LITELLM_DISAGG_TEST_LOGS") or tmp_path)
     metrics_port = free_port()
-    config = {
-        "model_list": [],
-        "litellm_settings": {"callbacks": ["litellm_disagg.plugin.handler"], "drop_params": False},
-        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
-        "router_settings": {"num_retries": 2, "timeout": 600},
-        "litellm_disagg": {"registry": {"backend": "file", "path": str(registry), "poll_interval_s": 0.2},
-                           "metrics": {"port": metrics_port}},
-    }
+    config = plugin_only({"registry": {"backend": "file", "path": str(registry), "poll_interval_s": 0.2},
+                          "metrics": {"port": metrics_port}}, router={"num_retries": 2, "timeout": 600})
     (tmp_path / "proxy.yaml").write_text(yaml.safe_dump(config))
     kw = dict(served_name=SERVED, kv_cache_mib=256)
     prefill = WorkerProc("prefill", smollm2, registry, logs, **kw)  # type: ignore[arg-type]

@@ -28,6 +28,7 @@ from litellm_disagg.sim.settings import EngineSettings, TimingSettings
 
 from ..support.procs import MASTER_KEY, ProxyProc
 from ..support.registry_watch import eventually
+from ..support.proxy_configs import plugin_only
 
 MODEL = "sim-model"
 INTERVAL_S = 0.5
@@ -41,21 +42,15 @@ def sim_settings() -> SimSettings:
 
 
 def proxy_config(registry_dir) -> dict:
-    return {
-        "model_list": [],
-        "litellm_settings": {"callbacks": ["litellm_disagg.plugin.handler"], "drop_params": False},
-        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
-        "router_settings": {"num_retries": 0, "timeout": 120},
-        "litellm_disagg": {
-            "registry": {"backend": "file", "path": str(registry_dir), "poll_interval_s": 0.1},
-            "sync_interval_s": 0.2,
-            # SLOs far above what short prompts see even on a loaded 2-core machine (phase 1's ITL reached 1.8 s
-            # there), far below what 6 long prompts queued at one 5,000 tokens/s prefill worker see (TTFT 5 s+).
-            "planner": {"enabled": True, "ttft_ms": 3000, "itl_ms": 5000, "interval_s": INTERVAL_S,
-                        "hysteresis_steps": 2, "window_s": 4, "min_samples": 3, "cooldown_s": 600,
-                        "allow_aggregated": False},
-        },
-    }
+    return plugin_only({
+        "registry": {"backend": "file", "path": str(registry_dir), "poll_interval_s": 0.1},
+        "sync_interval_s": 0.2,
+        # SLOs far above what short prompts see even on a loaded 2-core machine (phase 1's ITL reached 1.8 s
+        # there), far below what 6 long prompts queued at one 5,000 tokens/s prefill worker see (TTFT 5 s+).
+        "planner": {"enabled": True, "ttft_ms": 3000, "itl_ms": 5000, "interval_s": INTERVAL_S,
+                    "hysteresis_steps": 2, "window_s": 4, "min_samples": 3, "cooldown_s": 600,
+                    "allow_aggregated": False},
+    }, router={"num_retries": 0, "timeout": 120})
 
 
 class StreamingTraffic:

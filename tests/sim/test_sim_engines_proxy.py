@@ -16,6 +16,7 @@ from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.sim import SimCluster
 
 from ..support.procs import MASTER_KEY, ProxyProc
+from ..support.proxy_configs import plugin_only
 from .conftest import fast_settings, metric
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -24,21 +25,15 @@ SYSTEM = {"role": "system", "content": "You are a simulated model answering abou
 
 
 def proxy_config(registry_dir, *, events: bool) -> dict:
-    return {
-        "model_list": [],
-        "litellm_settings": {"callbacks": ["litellm_disagg.plugin.handler"], "drop_params": False},
-        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
-        "router_settings": {"num_retries": 2, "timeout": 60},
-        "litellm_disagg": {
-            "registry": {"backend": "file", "path": str(registry_dir), "poll_interval_s": 0.1},
-            "sync_interval_s": 0.2,
-            "kv_routing": {
-                "enabled": True,
-                "disaggregation": {"mode": "always"},
-                "index": {"mode": "precise" if events else "approximate"},
-            },
+    return plugin_only({
+        "registry": {"backend": "file", "path": str(registry_dir), "poll_interval_s": 0.1},
+        "sync_interval_s": 0.2,
+        "kv_routing": {
+            "enabled": True,
+            "disaggregation": {"mode": "always"},
+            "index": {"mode": "precise" if events else "approximate"},
         },
-    }
+    }, router={"num_retries": 2, "timeout": 60})
 
 
 def messages(i: int) -> list[dict]:

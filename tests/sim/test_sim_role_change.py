@@ -17,6 +17,7 @@ from litellm_disagg.sim import SimCluster
 
 from ..support.procs import MASTER_KEY, ProxyProc
 from ..support.registry_watch import eventually
+from ..support.proxy_configs import plugin_only
 from .conftest import fast_settings, metric
 
 SYSTEM = {"role": "system", "content": "You are a simulated model answering about pools that change. " * 6}
@@ -24,16 +25,10 @@ EXTERNAL = "vllm:prompt_tokens_by_source_total"
 
 
 def proxy_config(registry_dir) -> dict:
-    return {
-        "model_list": [],
-        "litellm_settings": {"callbacks": ["litellm_disagg.plugin.handler"], "drop_params": False},
-        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
-        "router_settings": {"num_retries": 0, "timeout": 60},
-        "litellm_disagg": {
-            "registry": {"backend": "file", "path": str(registry_dir), "poll_interval_s": 0.1},
-            "sync_interval_s": 0.2,
-        },
-    }
+    return plugin_only({
+        "registry": {"backend": "file", "path": str(registry_dir), "poll_interval_s": 0.1},
+        "sync_interval_s": 0.2,
+    }, router={"num_retries": 0, "timeout": 60})
 
 
 def messages(i: int) -> list[dict]:

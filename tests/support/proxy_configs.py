@@ -7,6 +7,7 @@ short prompts are often prefilled on the decode worker. Tests whose subject is t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -22,3 +23,15 @@ def shipped_with_remote_prefill(out_dir: Path, *, model: str, model_dir: Path | 
     path = out_dir / "proxy_config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def plugin_only(disagg: dict[str, Any], *, router: dict[str, Any]) -> dict[str, Any]:
+    """A proxy config with no ``model_list`` of its own: the plugin (``litellm_disagg``: ``disagg``) brings every
+    deployment from discovery; ``router`` is LiteLLM's ``router_settings``; the master key from the environment."""
+    return {
+        "model_list": [],
+        "litellm_settings": {"callbacks": ["litellm_disagg.plugin.handler"], "drop_params": False},
+        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
+        "router_settings": router,
+        "litellm_disagg": disagg,
+    }
