@@ -2,7 +2,7 @@
 prefill/decode pair started with ``--kv-transfer push`` behind the real LiteLLM proxy (the shipped config, every
 prompt prefilled remotely), chats one at a time and then 16 at once, each with a 60 s client timeout.
 
-    flock -x /tmp/ld-vllm.lock .venv/bin/python -m bench.vllm_push_stall --sequential 12 --concurrent 16 [--debug]
+    flock -x /tmp/ld-vllm.lock .venv/bin/python -m bench.vllm_push_stall --sequential 12 --concurrent 16 [--debug] [--tick 1]
 
 Prints one line per request: index, ``ok`` or the client's error, seconds. ``--debug`` starts the workers with
 ``VLLM_LOGGING_LEVEL=DEBUG`` (their logs, with the proxy's, stay in ``--out``). Needs the test model
@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import threading
 import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import openai
 
 from litellm_disagg.models.tiny import make_tiny_llama
@@ -36,6 +38,9 @@ def main() -> None:
     parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra environment for both workers (e.g. LITELLM_DISAGG_NIXL_PROGRESS_DELAY_US=0)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--tick", type=float, default=0.0, metavar="S",
+                        help="every S seconds, a one-token request straight to the decode worker (one engine step), "
+                             "to test whether the stall is an idle decode engine waiting for a step; 0: off")
     args = parser.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="vllm-push-stall-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -71,11 +76,25 @@ def main() -> None:
                 outcome = type(exc).__name__
             return f"{time.strftime('%H:%M:%S')} request {i}: {outcome} {time.monotonic() - started:.1f} s"
 
+        done = threading.Event()
+
+        def tick() -> None:
+            while not done.wait(args.tick):
+                try:
+                    httpx.post(f"{decode.url}/v1/completions", json={"model": "tiny", "prompt": [0], "max_tokens": 1},
+                               timeout=args.timeout)
+                except httpx.HTTPError:
+                    pass
+
+        ticker = threading.Thread(target=tick, daemon=True)
+        if args.tick > 0:
+            ticker.start()
         for i in range(args.sequential):
             print("one at a time:", ask(i), flush=True)
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             for line in pool.map(ask, range(100, 100 + args.concurrent)):
                 print("concurrent:", line, flush=True)
+        done.set()
     finally:
         proxy.stop()
         prefill.kill()
