@@ -6,5 +6,6 @@
 Modules, in the order data flows: ``workloads`` (seeded sessions of chat turns), ``workers`` (start the workers,
 reset their prefix caches, read their metrics), ``arms`` (one proxy config per routing strategy), ``proxy`` (start
 and stop ``litellm --config``), ``loadgen`` (send the sessions, time every streamed token), ``report`` (figures,
-table, JSON, PNG), ``__main__`` (the command).
+table, JSON, PNG), ``cli`` (the run directory and workload shape from the parsed arguments), ``__main__`` (the
+command); ``replicas`` and ``pd`` are further commands on the same parts.
 """

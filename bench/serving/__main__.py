@@ -15,14 +15,13 @@ import argparse
 import asyncio
 import json
 import logging
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
 from bench.serving import arms as arms_mod
-from bench.serving import loadgen, proxy, report, workloads
+from bench.serving import cli, loadgen, proxy, report, workloads
 from bench.serving.workers import WorkerSet, read_counters, reset_prefix_caches, start_sim, start_vllm
 
 DEFAULTS = {
@@ -136,14 +135,11 @@ def main() -> None:
             raise SystemExit(f"unknown workload {workload!r}; choose from {', '.join(workloads.WORKLOADS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix=f"serving-{args.backend}-"))
-    print(f"logs and configs: {run_dir}", flush=True)
+    run_dir = cli.new_run_dir(f"serving-{args.backend}-")
     workers = start_workers(args, run_dir)
     try:
         for workload in chosen:
-            shape = workloads.Shape(requests=args.requests, rate=args.rate, turns=args.turns, think_s=args.think,
-                                    prefix_words=args.prefix_words, question_words=args.question_words,
-                                    documents=args.documents, zipf_s=args.zipf)
+            shape = cli.shape_from_args(args)
             schedule = workloads.build(workload, shape, seed=args.seed)  # type: ignore[arg-type]
             rows = []
             for name in arm_names:

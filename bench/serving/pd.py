@@ -30,7 +30,6 @@ import asyncio
 import dataclasses
 import json
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +43,7 @@ from litellm_disagg.engines.vllm.transfer import build_prefill_body, parse_trans
 from litellm_disagg.http_client import pooled_client
 from litellm_disagg.processes import spawn, stop
 
-from bench.serving import loadgen, proxy, workloads
+from bench.serving import cli, loadgen, proxy, workloads
 from bench.serving.arms import Arm, ArmName, Placement
 from bench.serving.loadgen import RequestResult
 from bench.serving.report import percentile
@@ -345,11 +344,8 @@ def main(argv: list[str] | None = None) -> list[PDFigures]:
     arms = args.arms.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix="serving-pd-"))
-    print(f"logs and configs: {run_dir}", flush=True)
-    shape = workloads.Shape(requests=args.requests, rate=args.rate, turns=args.turns, think_s=args.think,
-                            prefix_words=args.prefix_words, question_words=args.question_words,
-                            documents=args.documents)
+    run_dir = cli.new_run_dir("serving-pd-")
+    shape = cli.shape_from_args(args)
     schedule = workloads.build(args.workload, shape, seed=args.seed)
     pools = start_pools(run_dir, prefill=args.prefill, decode=args.decode, speedup=args.speedup, blocks=args.blocks,
                         block_size=args.block_size)

@@ -20,12 +20,11 @@ import dataclasses
 import json
 import logging
 import sys
-import tempfile
 from pathlib import Path
 
 from bench.serving import __main__ as serving
 from bench.serving import arms as arms_mod
-from bench.serving import report, workloads
+from bench.serving import cli, report, workloads
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,11 +83,8 @@ def main(argv: list[str] | None = None) -> list[Row]:
         raise SystemExit(f"one workload, from: {', '.join(workloads.WORKLOADS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    run_dir = Path(tempfile.mkdtemp(prefix="serving-replicas-"))
-    print(f"logs and configs: {run_dir}", flush=True)
-    shape = workloads.Shape(requests=args.requests, rate=args.rate, turns=args.turns, think_s=args.think,
-                            prefix_words=args.prefix_words, question_words=args.question_words,
-                            documents=args.documents, zipf_s=getattr(args, "zipf", workloads.Shape.zipf_s))
+    run_dir = cli.new_run_dir("serving-replicas-")
+    shape = cli.shape_from_args(args)
     schedule = workloads.build(workload, shape, seed=args.seed)  # type: ignore[arg-type]
     workers = serving.start_workers(args, run_dir)
     rows: list[Row] = []
