@@ -13,7 +13,6 @@ import logging
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from litellm_disagg.discovery.registry import RegistryError
 from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState
 from litellm_disagg.settings import DisaggSettings
 
-from .consul_double import ConsulDouble
+from .consul_double import ConsulDouble, SeenRequest
 from .support.registry_watch import WatchCollector, eventually
 
 FAST = dict(wait_s=2.0, min_query_interval_s=0.01, retry_min_s=0.05, retry_max_s=0.2, request_timeout_s=2.0)
@@ -325,18 +324,31 @@ async def test_index_reset_starts_over(double: ConsulDouble, registries: Callabl
     writer, reader = registries(double), registries(double, wait_s=1.0)
     await writer.publish(make_config("w-1"))
     watch = WatchCollector(reader)
+
+    def health_reads(since: int = 0) -> list[tuple[int, SeenRequest]]:
+        """The reader's health reads from position ``since`` of the double's request log, with their positions."""
+        return [(n, r) for n, r in enumerate(double.requests)
+                if n >= since and r.method == "GET" and r.path.startswith("/v1/health/service/")]
+
     try:
         await watch.next()
-        await asyncio.sleep(0.2)  # the loops are now blocked on the current (high) index
+        await eventually(lambda: any("index" in r.query for _, r in health_reads()))  # blocked on the current index
+        high = max(int(r.query["index"]) for _, r in health_reads() if "index" in r.query)
         double.reset_index(to=1)
         mark = len(double.requests)
-        await asyncio.sleep(1.4)  # their waits end with X-Consul-Index 1: lower than before
-        after_reset = [r for r in double.requests[mark:] if r.path.startswith("/v1/health/service/")]
-        assert any("index" not in r.query for r in after_reset), "an index that went backwards must restart at 0"
-        started = time.monotonic()
+        # The blocked read's wait ends with X-Consul-Index 1, lower than the index it blocked on: the loop starts
+        # over with a read without an index, then blocks on the new index, 1, not on the old one.
+        await eventually(lambda: any("index" not in r.query for _, r in health_reads(mark)), timeout_s=10.0)
+        restart = next(n for n, r in health_reads(mark) if "index" not in r.query)
+        await eventually(lambda: any("index" in r.query for _, r in health_reads(restart)), timeout_s=10.0)
+        published = len(double.requests)
+        blocked_on = {r.query["index"] for n, r in health_reads(restart) if n < published and "index" in r.query}
+        assert high > 1 and blocked_on == {"1"}, f"after the reset the reads must block on 1, not {blocked_on}"
+        # A write takes the index past 1, which wakes a read blocked on 1; the loop then follows the new index.
         await writer.publish(make_config("w-2"))
-        assert [c.worker_id for c in await watch.next()] == ["w-1", "w-2"]
-        assert time.monotonic() - started < 0.8, "after the reset, blocking queries must wake on changes again"
+        assert [c.worker_id for c in await watch.next(10.0)] == ["w-1", "w-2"]
+        await eventually(lambda: any(int(r.query.get("index", "0")) > 1 for _, r in health_reads(published)),
+                         timeout_s=10.0)
     finally:
         await watch.stop()
 
@@ -349,12 +361,16 @@ async def test_zero_index_is_taken_as_one(double: ConsulDouble, registries: Call
     try:
         await watch.next()
         mark = len(double.requests)
-        await asyncio.sleep(1.2)
+
+        def health() -> list[SeenRequest]:
+            return [r for r in double.requests[mark:] if r.path.startswith("/v1/health/service/")]
+
+        await eventually(lambda: len(health()) >= 3, timeout_s=10.0)
     finally:
         await watch.stop()
-    health = [r for r in double.requests[mark:] if r.path.startswith("/v1/health/service/")]
-    assert 1 <= len(health) <= 5, f"{len(health)} requests in 1.2 s: a tight loop"
-    assert all(r.query.get("index") == "1" for r in health)
+    # Every read after an answer with X-Consul-Index 0 blocks on index 1 (the double holds it for its wait: nothing
+    # exceeds 1); a read without an index would return at once, and looping on those would be a tight loop.
+    assert all(r.query.get("index") == "1" and r.query.get("wait") == "500ms" for r in health())
 
 
 async def test_invalid_entry_is_logged_once_across_polls(
