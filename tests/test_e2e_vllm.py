@@ -21,12 +21,12 @@ from litellm_disagg.transfer.prefill import PrefillClient
 from .support.net import metric
 from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, registered
 from .support.proxy_configs import shipped_with_remote_prefill
+from .support.vllm_counters import external_tokens, local_tokens
 
 pytestmark = pytest.mark.vllm
 
 CHAT = [{"role": "user", "content": "Tell me about disaggregated serving. " * 12}]
 PROMPT = "def fibonacci(n):\n    " * 25
-EXTERNAL = "vllm:prompt_tokens_by_source_total"
 
 
 LONG_LEASE_S = 600
@@ -112,14 +112,6 @@ def test_workers_refuse_requests_without_their_key_which_is_never_published_nor_
         for proc in [wrapper, *wrapper.children(recursive=True)]:
             assert WORKER_KEY not in " ".join(proc.cmdline())
     assert WORKER_KEY not in stack.proxy.log.read_text(errors="replace")
-
-
-def external_tokens(worker: WorkerProc) -> float:
-    return metric(worker.url, EXTERNAL, source="external_kv_transfer")
-
-
-def local_tokens(worker: WorkerProc) -> float:
-    return metric(worker.url, EXTERNAL, source="local_compute")
 
 
 def kv_usage(worker: WorkerProc) -> float:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
-import time
 import subprocess
 import sys
+import time
 
 import httpx
 import openai
@@ -30,10 +30,10 @@ from litellm_disagg.runtime_config import WorkerRole
 from .support.net import metric
 from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, registered
 from .support.proxy_configs import shipped_with_remote_prefill
+from .support.vllm_counters import external_tokens, generations_served, prefills_served
 
 pytestmark = pytest.mark.vllm
 
-EXTERNAL = "vllm:prompt_tokens_by_source_total"
 
 
 class Workers:
@@ -87,10 +87,6 @@ def complete(worker: WorkerProc, prompt: str, *, max_tokens: int, params: dict |
     return r.json()
 
 
-def external_tokens(worker: WorkerProc) -> float:
-    return metric(worker.url, EXTERNAL, source="external_kv_transfer")
-
-
 def _prompt(tag: str) -> str:
     return f"Role proof {tag}: " + "the quick brown fox jumps over the lazy dog " * 12
 
@@ -132,20 +128,6 @@ def test_every_kv_role_prefills_for_and_decodes_from_every_other(workers, prefil
 
 
 # -- a worker changes pool under traffic through the real proxy ------------------------------------------------------
-
-MAX_TOKENS_ONE = ("vllm:request_params_max_tokens_bucket", {"le": "1.0"})
-
-
-def prefills_served(worker: WorkerProc) -> float:
-    """Requests that asked for at most one token: the prefill half of a disaggregated request."""
-    name, labels = MAX_TOKENS_ONE
-    return metric(worker.url, name, **labels)
-
-
-def generations_served(worker: WorkerProc) -> float:
-    """Requests that asked for more than one token: decodes (or aggregated requests)."""
-    return metric(worker.url, "vllm:request_params_max_tokens_count") - prefills_served(worker)
-
 
 @pytest.fixture(scope="module")
 def proxy(workers):

@@ -16,7 +16,6 @@ worker, TTFT p90 goes over the SLO while decode has headroom: the planner asks a
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx
 import yaml
@@ -26,9 +25,11 @@ from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.sim import SimCluster, SimSettings
 from litellm_disagg.sim.settings import EngineSettings, TimingSettings
 
+from ..support.planner_log import planner_decisions
 from ..support.procs import MASTER_KEY, ProxyProc
-from ..support.registry_watch import eventually
 from ..support.proxy_configs import plugin_only
+from ..support.registry_watch import eventually
+from ..support.streaming_traffic import StreamingTraffic
 
 MODEL = "sim-model"
 INTERVAL_S = 0.5
@@ -53,46 +54,6 @@ def proxy_config(registry_dir) -> dict:
     }, router={"num_retries": 0, "timeout": 120})
 
 
-class StreamingTraffic:
-    """``concurrency`` loops sending streamed chats of ``words`` words until stopped."""
-
-    def __init__(self, client: httpx.AsyncClient, words: int, concurrency: int, tag: str):
-        self.client = client
-        self.words = words
-        self.tag = tag
-        self.done = 0
-        self.failures: list[str] = []
-        self._stop = asyncio.Event()
-        self._tasks = [asyncio.create_task(self._loop(n)) for n in range(concurrency)]
-
-    async def _loop(self, n: int) -> None:
-        i = 0
-        while not self._stop.is_set():
-            i += 1
-            prompt = f"{self.tag} {n} {i} " + " ".join(f"w{k % 97}" for k in range(self.words))
-            body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 6,
-                    "stream": True}
-            try:
-                async with self.client.stream("POST", "/v1/chat/completions", json=body) as r:
-                    text = (await r.aread()).decode()
-                    if r.status_code != 200 or "[DONE]" not in text:
-                        self.failures.append(f"{r.status_code}: {text[:200]}")
-                        continue
-            except httpx.HTTPError as exc:
-                self.failures.append(repr(exc))
-                continue
-            self.done += 1
-
-    async def stop(self) -> None:
-        self._stop.set()
-        await asyncio.gather(*self._tasks)
-
-
-def planner_lines(log: str) -> list[dict]:
-    return [json.loads(line.split("planner decision ", 1)[1]) for line in log.splitlines()
-            if "planner decision " in line]
-
-
 async def test_planner_in_the_proxy_moves_one_worker_when_the_load_shifts(tmp_path) -> None:
     registry_dir = tmp_path / "registry"
     config_path = tmp_path / "proxy.yaml"
@@ -109,20 +70,20 @@ async def test_planner_in_the_proxy_moves_one_worker_when_the_load_shifts(tmp_pa
             headers = {"Authorization": f"Bearer {MASTER_KEY}"}
             async with httpx.AsyncClient(base_url=proxy.url, headers=headers, timeout=120) as c:
                 # phase 1: short prompts; the planner holds for at least 10 steps
-                short = StreamingTraffic(c, words=20, concurrency=2, tag="short")
+                short = StreamingTraffic(c, model=MODEL, words=20, concurrency=2, tag="short")
                 try:
-                    await eventually(lambda: len(planner_lines(proxy.log.read_text())) >= 1, timeout_s=60)
+                    await eventually(lambda: len(planner_decisions(proxy.log.read_text())) >= 1, timeout_s=60)
                     await eventually(lambda: short.done >= 20 or bool(short.failures), timeout_s=60)
                     await asyncio.sleep(10 * INTERVAL_S)
                 finally:
                     await short.stop()
-                lines = planner_lines(proxy.log.read_text())
+                lines = planner_decisions(proxy.log.read_text())
                 assert [mv for d in lines for mv in d["moves"]] == [], lines[-3:]
                 assert not list(registry_dir.glob("*.role.json"))
                 assert {d["condition"] for d in lines} <= {"steady"}, lines[-3:]
 
                 # phase 2: long prompts queue at the one prefill worker
-                long = StreamingTraffic(c, words=4000, concurrency=6, tag="long")
+                long = StreamingTraffic(c, model=MODEL, words=4000, concurrency=6, tag="long")
                 try:
                     await eventually(lambda: WorkerRole.PREFILL in (d1.role, d2.role) or bool(long.failures),
                                      timeout_s=90, interval_s=0.2)
@@ -135,7 +96,7 @@ async def test_planner_in_the_proxy_moves_one_worker_when_the_load_shifts(tmp_pa
         log = proxy.log.read_text()
         published = {w.worker_id: w.role for w in await reader.snapshot()}
         await reader.close()
-    moves = [(d["condition"], mv) for d in planner_lines(log) for mv in d["moves"]]
+    moves = [(d["condition"], mv) for d in planner_decisions(log) for mv in d["moves"]]
     assert len(moves) == 1, moves
     condition, (worker_id, from_role, to_role) = moves[0]
     assert (condition, from_role, to_role) == ("prefill_bound", "decode", "prefill")
