@@ -58,11 +58,6 @@ class DisaggSettings(BaseModel):
     """Prefill workers tried per request before decoding locally (aggregated)."""
     aggregated_fallback: bool = True
     """With no prefill worker (or all failing), let the decode worker compute the prompt itself instead of failing."""
-    decode_nudge_s: Annotated[list[Annotated[float, Field(ge=0, le=600)]], Field(max_length=32)] = Field(
-        default_factory=lambda: [1.0, 2.0, 4.0, 8.0, 16.0, 24.0])
-    """Seconds after routing at which a disaggregated decode that has streamed nothing yet gets a one-token request
-    on its worker (vLLM: one engine step), until its first chunk. vLLM 0.32 on CPU can leave such a decode deferred
-    until its engine's next request (docs/operations.md; ``routing/kv_release.py``). ``[]``: never."""
     kv_routing: KVRoutingSettings = Field(default_factory=KVRoutingSettings)
     """KV-aware selection and conditional disaggregation (see litellm_disagg/routing/kv/README.md); off by default."""
     tracing: TracingSettings = Field(default_factory=TracingSettings)

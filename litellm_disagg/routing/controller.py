@@ -112,8 +112,7 @@ class DisaggController:
             self.strategy = DisaggRoutingStrategy(**strategy_parts)
         self.request_metrics = RequestMetrics(max_age_s=kv_settings.load.inflight_max_age_s)
         self.strategy.requests = self.request_metrics
-        self.releases = KVReleases(sender=self.prefill_client, pool=lambda: self.pool, cooldown=self.cooldown,
-                                   nudge_at_s=tuple(sorted(settings.decode_nudge_s)))
+        self.releases = KVReleases(sender=self.prefill_client, pool=lambda: self.pool, cooldown=self.cooldown)
         self.strategy.releases = self.releases
         self.pool_metrics = PoolMetrics()
         if self.kv is not None:  # the scraped NIXL counters feed the transfer metrics too

@@ -35,12 +35,6 @@ then waited for the decode worker's next request or the lease (measured: never w
 56 s on a connected one). So after an accepted release the router asks the same decode worker for a few one-token
 requests (``StepsAfterRelease.engine_step``, at ``step_delays_s``): each is one engine step.
 
-The same step unsticks a decode that waits (``nudge_at_s``): on vLLM 0.32 CPU a decode request whose KV read has
-completed can stay deferred in its engine until the engine receives another request, or until the prefill worker's
-lease runs out (13-30 s measured at two requests in flight, docs/operations.md). While a disaggregated attempt has
-streamed nothing and has not ended, its decode worker gets a one-token request at 1, 2, 4, 8, 16 and 24 s after
-routing (``nudges`` counts them); a first chunk, an end or a retry stops them.
-
 A release is sent only for an attempt whose decode produced nothing and whose call LiteLLM has given up on or
 retried: a decode worker that still runs that request would be reading blocks the prefill worker now reuses. LiteLLM
 closes its connection to the decode worker when a call fails or is cancelled, and vLLM aborts a request whose client
@@ -89,32 +83,16 @@ class ControlSender(Protocol):
 
 @dataclass
 class Attempt:
-    decode: RuntimeConfig
+    decode_worker_id: str
     prefill: RuntimeConfig | None = None
     handle: TransferHandle | None = None
     started: bool = False
     released: bool = False
-    ended: bool = False
     at: float = field(default_factory=time.monotonic)
-    nudging: asyncio.Task[None] | None = None
-
-    @property
-    def decode_worker_id(self) -> str:
-        return self.decode.worker_id
 
     @property
     def unread(self) -> bool:
         return self.handle is not None and not self.started and not self.released
-
-    @property
-    def waiting(self) -> bool:
-        """Disaggregated, and its decode has neither streamed a token nor ended."""
-        return self.handle is not None and not self.started and not self.released and not self.ended
-
-    def stop_nudging(self) -> None:
-        if self.nudging is not None:
-            self.nudging.cancel()
-            self.nudging = None
 
 
 class KVReleases:
@@ -127,7 +105,6 @@ class KVReleases:
         max_age_s: float = 600.0,
         max_targets: int = 2,
         step_delays_s: tuple[float, ...] = (0.5, 2.0, 5.0),
-        nudge_at_s: tuple[float, ...] = (1.0, 2.0, 4.0, 8.0, 16.0, 24.0),
     ):
         self._sender = sender
         self._pool = pool
@@ -140,9 +117,6 @@ class KVReleases:
         """After a release, when (seconds after it was accepted) to make its decode worker's engine step
         (``StepsAfterRelease``): the notification that frees the blocks goes out on a step taken once the worker is
         connected to the prefill worker, and an idle engine takes none by itself. Empty: no steps."""
-        self.nudge_at_s = nudge_at_s
-        """While a disaggregated decode has produced nothing, when (seconds after its routing) to make its decode
-        worker's engine step (``StepsAfterRelease``; the module's docstring says why). Empty: no nudges."""
         self._calls: dict[str, list[Attempt]] = {}
         self.max_pairs = 4096
         self._connected: dict[tuple[str, str], None] = {}
@@ -155,8 +129,6 @@ class KVReleases:
         """Releases a decode worker accepted (answered at all)."""
         self.steps = 0
         """Engine steps asked of decode workers after releases (answered at all)."""
-        self.nudges = 0
-        """Engine steps asked of decode workers whose disaggregated request had produced nothing yet."""
 
     # -- events ---------------------------------------------------------------------------------------------------
 
@@ -168,18 +140,14 @@ class KVReleases:
         self._expire()
         attempts = self._calls.setdefault(call_id, [])
         for earlier in attempts:
-            earlier.stop_nudging()
             self._release(earlier)
-        attempt = Attempt(decode, prefill, handle)
-        attempts.append(attempt)
-        self._start_nudging(attempt)
+        attempts.append(Attempt(decode.worker_id, prefill, handle))
 
     def started(self, call_id: str) -> None:
         """The call's decode streamed its first chunk: the latest attempt's KV has been read."""
         attempts = self._calls.get(call_id)
         if attempts:
             attempts[-1].started = True
-            attempts[-1].stop_nudging()
             self._read_through(attempts[-1])
 
     def _read_through(self, attempt: Attempt) -> None:
@@ -201,8 +169,6 @@ class KVReleases:
         if index is None:
             return
         attempt = attempts.pop(index)
-        attempt.ended = True
-        attempt.stop_nudging()
         if not attempts:
             del self._calls[call_id]
         if failed:
@@ -274,42 +240,11 @@ class KVReleases:
                 return  # the worker went away: its engine steps no more
             self.steps += 1
 
-    # -- nudging a decode that waits ------------------------------------------------------------------------------
-
-    def _start_nudging(self, attempt: Attempt) -> None:
-        if not self.nudge_at_s or attempt.handle is None or attempt.prefill is None:
-            return
-        protocol = transfer_for(attempt.prefill)
-        if not isinstance(protocol, StepsAfterRelease):
-            return
-        attempt.nudging = asyncio.get_running_loop().create_task(
-            self._nudge(attempt, protocol.engine_step(attempt.decode.model)), name="litellm-disagg-decode-nudge")
-        self._tasks.add(attempt.nudging)
-        attempt.nudging.add_done_callback(self._tasks.discard)
-
-    async def _nudge(self, attempt: Attempt, request: tuple[str, dict[str, Any]]) -> None:
-        """One engine step of the attempt's decode worker at each of ``nudge_at_s`` while the attempt still waits.
-        vLLM 0.32 on CPU (NIXL pull): a decode request whose KV read completed can stay deferred in an idle engine
-        until that engine receives another request or the prefill worker's lease runs out (13-30 s measured,
-        docs/operations.md); a one-token request is such a request. Harmless on a busy engine (one more token in
-        its batch)."""
-        waited = 0.0
-        for at in self.nudge_at_s:
-            await asyncio.sleep(max(0.0, at - waited))
-            waited = max(waited, at)
-            if not attempt.waiting:
-                return
-            if await self._sender.post_control(attempt.decode, *request) is None:
-                return  # the worker went away
-            self.nudges += 1
-            logger.debug("nudged decode worker %s (%.0f s without a token)", attempt.decode_worker_id, at)
-
     def _expire(self) -> None:
         cutoff = time.monotonic() - self.max_age_s
         stale = [cid for cid, attempts in self._calls.items() if attempts[-1].at < cutoff]
         for cid in stale:
-            for attempt in self._calls.pop(cid):
-                attempt.stop_nudging()
+            del self._calls[cid]
 
     async def aclose(self) -> None:
         tasks = list(self._tasks)

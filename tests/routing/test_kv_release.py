@@ -34,7 +34,7 @@ class Sender:
 
 def releases(sender: Sender, workers=(P, D1, D2), cooldown: FailureCooldown | None = None) -> KVReleases:
     pool = WorkerPool.of(workers)
-    return KVReleases(sender=sender, pool=lambda: pool, cooldown=cooldown or FailureCooldown(), nudge_at_s=())
+    return KVReleases(sender=sender, pool=lambda: pool, cooldown=cooldown or FailureCooldown())
 
 
 async def settle(r: KVReleases) -> None:
@@ -184,67 +184,3 @@ async def test_a_local_prefill_connects_no_pair():
     r.ended("c", worker_id="d1", failed=True)
     await settle(r)
     assert [wid for wid, _, _ in sender.sent] == ["d1"]
-
-
-# -- nudging a disaggregated decode that has produced nothing --------------------------------------------------------
-
-def nudging(sender: Sender, at=(0.0, 0.01, 0.02, 30.0)) -> KVReleases:
-    pool = WorkerPool.of((P, D1, D2))
-    return KVReleases(sender=sender, pool=lambda: pool, cooldown=FailureCooldown(), nudge_at_s=at)
-
-
-def steps_to(sender: Sender, worker_id: str) -> int:
-    return sum(1 for wid, path, body in sender.sent
-               if wid == worker_id and path == RELEASE_PATH and body == {"model": "tiny", "prompt": [0], "max_tokens": 1})
-
-
-async def test_a_decode_that_has_produced_nothing_gets_engine_steps_until_its_first_chunk():
-    sender = Sender()
-    r = nudging(sender)
-    r.attempt("c", decode=D1, prefill=P, handle=handle(1))
-    for _ in range(200):
-        if r.nudges == 3:
-            break
-        await asyncio.sleep(0.01)
-    assert r.nudges == 3 and steps_to(sender, "d1") == 3 and released(sender) == []
-    r.started("c")  # the fourth nudge (30 s) never goes out: its task is gone
-    await settle(r)
-    assert not r._tasks
-    await r.aclose()
-
-
-@pytest.mark.parametrize("end", ["first chunk", "success", "failure", "retry"])
-async def test_no_nudge_once_the_decode_streamed_ended_or_was_retried(end):
-    sender = Sender()
-    r = nudging(sender, at=(0.02,))
-    r.attempt("c", decode=D1, prefill=P, handle=handle(1))
-    if end == "first chunk":
-        r.started("c")
-    elif end == "retry":
-        r.attempt("c", decode=D2, prefill=None, handle=None)  # the retry decodes locally: nothing to nudge
-    else:
-        r.ended("c", worker_id="d1", failed=end == "failure")
-    await asyncio.sleep(0.1)
-    assert r.nudges == 0 and steps_to(sender, "d1") == 0
-    await r.aclose()
-
-
-async def test_an_aggregated_attempt_is_never_nudged_and_nudges_can_be_turned_off():
-    sender = Sender()
-    r = nudging(sender, at=(0.0,))
-    r.attempt("c", decode=D1, prefill=None, handle=None)
-    off = nudging(sender, at=())
-    off.attempt("c", decode=D1, prefill=P, handle=handle(1))
-    await asyncio.sleep(0.05)
-    assert sender.sent == [] and r.nudges == off.nudges == 0
-    await r.aclose()
-    await off.aclose()
-
-
-async def test_a_decode_worker_that_does_not_answer_is_nudged_no_more():
-    sender = Sender(down={"d1"})
-    r = nudging(sender)
-    r.attempt("c", decode=D1, prefill=P, handle=handle(1))
-    await asyncio.sleep(0.1)
-    assert steps_to(sender, "d1") == 1 and r.nudges == 0
-    await r.aclose()
