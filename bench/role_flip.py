@@ -1,6 +1,6 @@
 """How fast a worker changes pool: a role flip through discovery against stopping it and starting one in the new role.
 
-    .venv/bin/python -m bench.role_flip [--runs 3]
+    .venv/bin/python -m bench.role_flip [--runs 3] [--routing shipped|round_robin]
 
 Real vLLM CPU workers (the tiny test Llama, ``litellm-disagg worker``), the real LiteLLM proxy with the shipped
 ``proxy_config.yaml`` and a file registry. One switchable worker (``--switchable``, starts as prefill) and one decode
@@ -207,7 +207,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, list[float]]:
         for w in workers:
             await in_thread(wait_published, registry, w, WorkerRole.PREFILL if w is switch else WorkerRole.DECODE)
         config = yaml.safe_load((ROOT / "proxy_config.yaml").read_text())
-        config.setdefault("litellm_disagg", {}).setdefault("registry", {})["path"] = str(registry)
+        disagg = config.setdefault("litellm_disagg", {})
+        disagg.setdefault("registry", {})["path"] = str(registry)
+        if args.routing == "round_robin":  # the flip's own time, not a picker's choice between two decode workers
+            disagg.setdefault("kv_routing", {})["enabled"] = False
+            disagg["picker"] = "round_robin"
         proxy = await in_thread(lambda: proxy_mod.start(config, run_dir, "flip", model=MODEL_NAME))
         load = Load(proxy.base_url, proxy.key)
         load_task = asyncio.create_task(load.run(stop_load))
@@ -248,6 +252,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--routing", choices=["shipped", "round_robin"], default="shipped",
+                        help="the shipped config's routing (KV-aware, per-request remote-or-local prefill), or "
+                             "round robin with every prompt prefilled remotely: at this light load the shipped "
+                             "routing can keep choosing the other decode worker for many seconds, which times the "
+                             "picker rather than the flip")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     results = asyncio.run(main_async(args))
