@@ -240,6 +240,43 @@ async def test_decode_crash_is_retried_elsewhere_with_a_fresh_prefill(stack):
     assert {d["headers"]["x-request-id"] for d in decodes} <= set(request_ids)
 
 
+async def test_a_decode_worker_that_dies_during_the_prefill_is_replaced_and_the_prefill_kept(stack, monkeypatch):
+    # No LiteLLM retries: the request succeeds only if its decode call goes to the live worker the first time.
+    from litellm_disagg.routing.accounting import FlightKey
+
+    prefill = await stack.add("p1", "prefill")
+    d1 = await stack.add("d1", "decode")
+    d2 = await stack.add("d2", "decode")
+    await stack.start()
+    stack.controller.accounting.start(FlightKey.decode("busy"), "d2")  # d1 is the idler: the pick
+    entered, gate = asyncio.Event(), asyncio.Event()
+    run = stack.controller.orchestrator.run
+
+    async def gated_prefill(request, plan):
+        if not gate.is_set():  # the first request: held here while d1 dies
+            assert plan.decode.worker_id == "d1"
+            entered.set()
+            await gate.wait()
+        return await run(request, plan)
+
+    monkeypatch.setattr(stack.controller.orchestrator, "run", gated_prefill)
+    call = asyncio.create_task(chat(stack))
+    await asyncio.wait_for(entered.wait(), timeout=10)
+    await d1.stop()  # it dies while the request's prefill runs; discovery still lists it
+    stack.controller.cooldown.failed("d1")  # another call to it failed: its port is probed and refuses
+    await stack.controller.liveness.probed()
+    gate.set()
+    response = await asyncio.wait_for(call, timeout=30)
+    assert response.choices[0].message.content == ANSWER
+    [pre] = await recorded(prefill)
+    [dec] = await recorded(d2)  # one prefill, read by the live decode worker
+    assert dec["body"]["kv_transfer_params"]["remote_request_id"] == pre["headers"]["x-request-id"]
+    # New requests go to d2 at once, though the failure cooldown is shorter than discovery's TTL.
+    stack.controller.cooldown.cooldown_s = 0
+    assert (await chat(stack)).choices[0].message.content == ANSWER
+    assert len(await recorded(d2)) == 2
+
+
 async def test_all_deployments_cooling_down_in_litellm_still_routes_our_group(stack, monkeypatch):
     await stack.add("p1", "prefill")
     decode = await stack.add("d1", "decode")

@@ -1,7 +1,8 @@
 """Soak benchmark: concurrent streaming requests through the litellm-disagg strategy over simulated workers that
 join, drain and crash during the run. Prints the counts and latencies and writes a PNG.
 
-    .venv/bin/python -m bench.soak [--requests 1000] [--concurrency 300] [--prefill 3] [--decode 4] [--disconnects 40] [--out bench/results]
+    .venv/bin/python -m bench.soak [--requests 1000] [--concurrency 300] [--prefill 3] [--decode 4] [--disconnects 40] [--ramp 6]
+                                     [--no-decode-crash] [--no-liveness] [--no-kv-release] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ def main() -> None:
     parser.add_argument("--no-chaos", action="store_true")
     parser.add_argument("--no-kv-release", action="store_true",
                         help="leave unread prefill KV to the engine's lease (the before of the KV-release comparison)")
+    parser.add_argument("--ramp", type=float, default=0.0,
+                        help="the first --concurrency clients start spread over this many seconds (0: all at once)")
+    parser.add_argument("--no-decode-crash", action="store_true",
+                        help="the same faults but the decode crash (the control arm of the pause after it)")
+    parser.add_argument("--no-liveness", action="store_true",
+                        help="no port probe after a failure and no replacement of a decode worker that died during the "
+                             "prefill: only the failure cooldown keeps new requests off a crashed worker until discovery "
+                             "drops it (the before of the liveness comparison)")
     parser.add_argument("--disconnects", type=int, default=0,
                         help="clients that go away (half right after their prefill, half after the first chunk)")
     parser.add_argument("--out", default="bench/results")
@@ -64,12 +73,14 @@ def main() -> None:
     logging.disable(logging.WARNING)
     config = SoakConfig(requests=args.requests, concurrency=args.concurrency, prefill=args.prefill, decode=args.decode,
                         speedup=args.speedup, seed=args.seed, chaos=not args.no_chaos, disconnects=args.disconnects,
-                        kv_release=not args.no_kv_release)
+                        kv_release=not args.no_kv_release, liveness=not args.no_liveness,
+                        decode_crash=not args.no_decode_crash, ramp_s=args.ramp)
     report = asyncio.run(run_soak(config, Path(tempfile.mkdtemp(prefix="soak-"))))
     print(report.summary())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    png = out / ("soak.png" if config.kv_release else "soak-no-kv-release.png")
+    png = out / ("soak-no-kv-release.png" if not config.kv_release else "soak-no-liveness.png" if not config.liveness
+                 else "soak-no-decode-crash.png" if not config.decode_crash else "soak.png")
     plot(report, png)
     print(f"plot: {png}")
 

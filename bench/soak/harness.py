@@ -44,6 +44,18 @@ class SoakConfig:
     kv_release: bool = True
     """The router releases prefill KV that a failed or superseded attempt never read (routing/kv_release.py); off:
     the engine's lease frees it (the before of the before/after comparison)."""
+    decode_crash: bool = True
+    """Off: the chaos skips only the decode crash, noting where it would have been (the control arm of the pause
+    after it: the same faults otherwise, the same load)."""
+    liveness: bool = True
+    """A worker whose port refuses connections is held out of new work until discovery drops it, and a request
+    whose decode worker died during its prefill decodes elsewhere with that prefill (routing/liveness.py); off: only
+    the failure cooldown (5 s) keeps new requests off a crashed worker, which discovery lists for up to its TTL, and
+    such a request fails at the dead port and is retried with a fresh prefill (the before of that comparison)."""
+    ramp_s: float = 0.0
+    """The first ``concurrency`` clients start spread over this many seconds instead of all at once. All at once, they
+    finish together and the next ones all prefill before any decodes: completions come in waves with pauses of 2-6 s
+    between them, fault or none (the pause "after the decode crash" was mostly such a gap)."""
     disconnects: int = 0
     """Clients that go away: half of them right after their prefill (the proxy notices at its first write, before any
     token: the decode's stream is closed unread), half after the first streamed chunk. Their requests end as
@@ -76,6 +88,9 @@ class SoakReport:
     wall_s: float = 0.0
     cut_by_crashes: int = 0
     """Requests that were on decode workers when they crashed: their streams may be cut (an error, not a loss)."""
+    routed_to_crashed: int = 0
+    """Decode calls routed to a crashed decode worker after its crash (each one a prefill nobody reads, a refused
+    connection and a retry): discovery lists the dead worker until its TTL runs out."""
 
     @property
     def completed(self) -> int:
@@ -131,17 +146,27 @@ class SoakReport:
         lines += [f"    e.g. {d}" for d in details[:3]]
         lines += [f"  t={t:5.2f}s {what}" for t, what in self.events]
         pause = self.completion_pause_after("crashed decode")
+        control = self.completion_pause_after(NO_DECODE_CRASH)
+        if control is not None:
+            lines.append(f"longest pause in completions in the {PAUSE_WINDOW_S:.0f} s after where the decode crash would"
+                         f" have been (control, no decode crash): {control:.2f} s")
         if pause is not None:
-            lines.append(f"longest pause in completions in the {PAUSE_WINDOW_S:.0f} s after the decode crash: {pause:.2f} s")
+            lines.append(f"longest pause in completions in the {PAUSE_WINDOW_S:.0f} s after the decode crash: {pause:.2f} s;"
+                         f"  decode calls routed to the crashed worker after its crash: {self.routed_to_crashed}")
+        elif not self.config.chaos:  # the same measure without faults: the load's own rhythm
+            lines.append(f"longest pause in completions in the {PAUSE_WINDOW_S:.0f} s after t={NO_CHAOS_PAUSE_FROM_S:.0f} s"
+                         f" (no faults): {self.completion_pause_from(NO_CHAOS_PAUSE_FROM_S):.2f} s")
         return "\n".join(lines)
 
     def completion_pause_after(self, event: str, window_s: float | None = None) -> float | None:
         """The longest time without a completed request in the ``window_s`` after the first event starting with
         ``event`` (counted from the event): how long the stall after a crash lasted. None: no such event."""
-        window_s = PAUSE_WINDOW_S if window_s is None else window_s
         at = next((t for t, what in self.events if what.startswith(event)), None)
-        if at is None:
-            return None
+        return None if at is None else self.completion_pause_from(at, window_s)
+
+    def completion_pause_from(self, at: float, window_s: float | None = None) -> float:
+        """The longest time without a completed request in the ``window_s`` after ``at`` (counted from ``at``)."""
+        window_s = PAUSE_WINDOW_S if window_s is None else window_s
         ends = sorted(o.finished_at_s for o in self.outcomes if o.ok and at < o.finished_at_s <= at + window_s)
         last = max((o.finished_at_s for o in self.outcomes if o.ok), default=at)
         horizon = min(at + window_s, last)  # after the last completion of the run there is nothing left to wait for
@@ -150,6 +175,21 @@ class SoakReport:
 
 
 PAUSE_WINDOW_S = 30.0
+NO_DECODE_CRASH = "no decode crash here (control)"
+NO_CHAOS_PAUSE_FROM_S = 12.0
+"""Where a run without faults is measured from: about where the decode crash falls in a run with them (11-13 s)."""
+
+
+def _routed_to(worker_id: str) -> float:
+    """Decode calls routed to ``worker_id`` so far in this process (``litellm_disagg_routed_total``)."""
+    from prometheus_client import REGISTRY
+
+    total = 0.0
+    for metric in REGISTRY.collect():
+        if metric.name == "litellm_disagg_routed":
+            total += sum(s.value for s in metric.samples if s.name.endswith("_total")
+                         and s.labels.get("worker") == worker_id and s.labels.get("role") == "decode")
+    return total
 
 
 def _held_leases(cluster: SimCluster) -> int:
@@ -211,6 +251,9 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
         controller = await plugin.attach(router, disagg)
         if not config.kv_release:
             controller.strategy.releases = None
+        if not config.liveness:
+            controller.cooldown.liveness = None
+            controller.strategy.replace_dead_decode = False
         while len(controller.pool.decode_candidates(settings.model)) < config.decode:  # noqa: ASYNC110 (a poll)
             await asyncio.sleep(0.05)
 
@@ -223,6 +266,8 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
 
         async def one(outcome: Outcome) -> None:
             async with semaphore:
+                if config.ramp_s and outcome.index < config.concurrency:
+                    await asyncio.sleep(config.ramp_s * outcome.index / config.concurrency)
                 t0 = time.monotonic()
                 leaves = leaving.get(outcome.index)
                 try:
@@ -276,26 +321,37 @@ async def run_soak(config: SoakConfig, workdir: Path) -> SoakReport:
                     note(f"joined {worker.worker_id}")
                 elif len(live) > 1:
                     victim = rng.choice(live)
-                    if action == "crash":
+                    if action == "crash" and role is WorkerRole.DECODE and not config.decode_crash:
+                        note(f"{NO_DECODE_CRASH} ({victim.worker_id} kept)")
+                    elif action == "crash":
                         assert victim.engine is not None  # a live worker has its engine
                         scheduler = victim.engine.scheduler
                         # On it: what its engine holds, or what the router has sent it (some still in transit).
                         busy = max(scheduler.num_running + scheduler.num_waiting, controller.accounting.requests(victim.worker_id))
+                        routed_before = _routed_to(victim.worker_id)
                         if role is WorkerRole.DECODE:
                             report.cut_by_crashes += busy
+                        # Noted when it dies (its connections are reset at once), not when the crash has been
+                        # cleaned up: under load that takes seconds, and the pause measured from it looked shorter.
+                        crashed_at = time.monotonic() - start
                         await cluster.crash(victim.worker_id)
-                        note(f"crashed {role.value} {victim.worker_id} with {busy} requests on it")
+                        report.events.append((crashed_at, f"crashed {role.value} {victim.worker_id} with {busy} requests on it"))
+                        if role is WorkerRole.DECODE:
+                            crashed_decode.append((victim.worker_id, routed_before))
                     else:
                         note(f"draining {victim.worker_id}")
                         await cluster.drain(victim.worker_id)
                         note(f"drained {victim.worker_id}")
 
+        crashed_decode: list[tuple[str, float]] = []
         tasks = [asyncio.create_task(one(o)) for o in report.outcomes]
         chaos_task = asyncio.create_task(chaos()) if config.chaos else None
         await asyncio.wait(tasks, timeout=600)
         if chaos_task is not None:
             await chaos_task
         report.wall_s = time.monotonic() - start
+        report.events.sort(key=lambda event: event[0])
+        report.routed_to_crashed = round(sum(_routed_to(worker_id) - before for worker_id, before in crashed_decode))
         for task in tasks:
             task.cancel()
         # KV held for decodes nobody will make must be freed: by the decode's read, a release, or an abort.

@@ -24,6 +24,7 @@ from litellm_disagg.routing.accounting import Accounting, FlightKey
 from litellm_disagg.routing.admission import Admission
 from litellm_disagg.routing.cooldown import FailureCooldown
 from litellm_disagg.routing.kv_release import KVReleases
+from litellm_disagg.routing.liveness import Liveness
 from litellm_disagg.routing.orchestrator import Orchestrator
 from litellm_disagg.routing.pipeline.pipeline import Pipeline
 from litellm_disagg.routing.pipeline.profile import PICKER_PROFILES
@@ -59,6 +60,9 @@ class DisaggController:
         kv_settings = settings.kv_routing
         self.accounting = Accounting(max_age_s=kv_settings.load.inflight_max_age_s)
         self.cooldown = FailureCooldown(cooldown_s=settings.failure_cooldown_s)
+        self.liveness = Liveness(pool=lambda: self.pool)
+        """Workers that refuse connections, held out of new work until discovery drops them (``routing/liveness.py``)."""
+        self.cooldown.liveness = self.liveness
         self.prefill_client = PrefillClient(
             timeout_s=settings.prefill_timeout_s,
             connect_timeout_s=settings.prefill_connect_timeout_s,
@@ -149,6 +153,7 @@ class DisaggController:
             await self.kv.stop()
         await self.registry.close()
         await self.releases.aclose()
+        await self.liveness.aclose()
         await self.prefill_client.aclose()
         if self.tracing is not None:
             await self.tracing.aclose()
@@ -191,6 +196,7 @@ class DisaggController:
 
     def apply(self, pool: WorkerPool) -> None:
         self.pool = pool
+        self.liveness.sync(pool)
         if self.kv is not None:
             self.kv.sync(pool)
         deployments.reconcile(

@@ -138,5 +138,33 @@ class RoutePlanner:
         local_reason = None if decision.reason == NO_PREFILL_WORKER else decision.reason
         return RoutePlan(decode, (), local_reason, decision.reason, **common)  # type: ignore[arg-type]
 
+    def replacement_decode(
+        self, plan: RoutePlan, pool: WorkerPool, candidates: Sequence[RuntimeConfig], *, prefill_worker_id: str | None
+    ) -> RuntimeConfig | None:
+        """After the prefill: another decode worker when ``plan.decode`` died meanwhile (discovery dropped it, or it
+        refuses connections: ``routing/liveness.py``); None when it is still there, or when the decode's fields
+        were made for it (a concurrent protocol: SGLang's bootstrap room, vLLM's push). A sequential prefill's KV is
+        pulled by whichever decode worker gets its fields, so the request keeps its prefill instead of failing at
+        the dead worker's port and being retried with a fresh one."""
+        dead = plan.decode
+        if pool.get(dead.worker_id) is not None and not self.cooldown.held(dead):
+            return None
+        if prefill_worker_id is not None and transfer_for(dead).concurrent:
+            return None
+        others = [
+            w for c in candidates
+            if (w := pool.get(c.worker_id)) is not None and w.worker_id not in (dead.worker_id, prefill_worker_id)
+            and w.engine == dead.engine and w.transfer.kind == dead.transfer.kind
+            and (prefill_worker_id is not None or serves_alone(w))
+        ]  # fmt: skip
+        others = filters.apply(
+            (filters.routable, filters.role(WorkerRole.DECODE), filters.cooldown(self.cooldown)), others
+        )
+        others = [w for w in others if not self.cooldown.held(w)]
+        if not others:
+            return None
+        selection = self.decode.select(self.provider.context(plan.prompt, others), others)
+        return selection.worker or others[0]
+
     def observe(self, plan: RoutePlan, prefill_worker_id: str | None, prefill_seconds: float | None) -> None:
         self.provider.observe(plan, prefill_worker_id, prefill_seconds)

@@ -12,6 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from litellm.types.router import CustomRoutingStrategyBase
@@ -52,6 +53,9 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         """Per-request metrics (``observability/requests.py``); the controller sets it."""
         self.releases: KVReleases | None = None
         """Releases prefill KV no decode reads (``routing/kv_release.py``); the controller sets it."""
+        self.replace_dead_decode = True
+        """After a sequential prefill, decode on another worker when the chosen one died meanwhile
+        (``RoutePlanner.replacement_decode``); the soak's before arm turns it off."""
         self.ask_token_ids = False
         """Ask vLLM decode workers for ``return_token_ids`` (request migration continues from them); the plugin sets
         it when migration is on."""
@@ -149,6 +153,18 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         except BaseException:
             self._accounting.finish(key)
             raise
+        replacement = (
+            self._planner.replacement_decode(plan, self._pool(), candidates, prefill_worker_id=outcome.prefill_worker_id)
+            if self.replace_dead_decode
+            else None
+        )
+        if replacement is not None:  # the decode worker died during the prefill: keep the prefill, not the worker
+            logger.info("request %s: decode worker %s gone during its prefill; decoding on %s",
+                        request.request_id, decode.worker_id, replacement.worker_id)
+            plan, decode = replace(plan, decode=replacement), replacement
+            self._accounting.finish(key)
+            self._accounting.start(key, decode.worker_id, prefill_tokens=plan.local_prefill_tokens,
+                                   decode_blocks=plan.decode_blocks)
         self._planner.observe(plan, outcome.prefill_worker_id, outcome.prefill_seconds)
         if self.requests is not None:
             self.requests.routed(call_id, plan, outcome, started=started, selection_s=selection_s)

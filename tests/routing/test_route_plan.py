@@ -1,5 +1,7 @@
 """The route planner: one request's decode worker, prefill failover order, or why it prefills locally."""
 
+from dataclasses import replace
+
 import pytest
 
 from litellm_disagg.engines.base import Endpoint
@@ -86,3 +88,21 @@ async def test_an_sglang_decode_worker_always_gets_a_remote_prefill_and_engines_
     plan = await planner(accounting, provider=Local(accounting)).plan(CHAT, pool, pool.decode_candidates("tiny"))
     # SGLang's decode mode cannot compute the prompt: the local decision is overruled; the vLLM prefill is no option.
     assert [p.worker_id for p in plan.prefill_order] == ["p1"] and plan.local_reason is None
+
+
+async def test_a_decode_worker_gone_during_the_prefill_is_replaced_unless_the_fields_were_made_for_it():
+    from litellm_disagg.runtime_config import SglangBootstrapTransfer
+
+    pool = WorkerPool.of([w("d1"), w("d2"), w("d3", state="draining"), w("p1", "prefill")])
+    route = planner(Accounting())
+    plan = await route.plan(CHAT, pool, pool.decode_candidates("tiny"))
+    dead = plan.decode.worker_id
+    candidates = [pool.get("d1"), pool.get("d2"), pool.get("d3")]
+    assert route.replacement_decode(plan, pool, candidates, prefill_worker_id="p1") is None  # still there
+    gone = WorkerPool.of([x for x in pool.workers if x.worker_id != dead])  # discovery dropped it
+    [live] = {"d1", "d2"} - {dead}
+    assert route.replacement_decode(plan, gone, candidates, prefill_worker_id="p1").worker_id == live  # not the draining d3
+    assert route.replacement_decode(plan, gone, candidates, prefill_worker_id=None).worker_id == live  # a local prefill
+    room = plan.decode.model_copy(update={"engine": "sglang", "transfer": SglangBootstrapTransfer(host="h", port=8998)})
+    # A concurrent protocol's decode fields name the decode worker's bootstrap room: nothing to replace it with.
+    assert route.replacement_decode(replace(plan, decode=room), gone, candidates, prefill_worker_id="p1") is None
