@@ -21,7 +21,7 @@ from litellm_disagg.transfer.prefill import PrefillClient
 from .support.net import metric
 from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, registered
 from .support.proxy_configs import shipped_with_remote_prefill
-from .support.vllm_counters import external_tokens, local_tokens
+from .support.vllm_counters import external_tokens, local_tokens, requests_in_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -262,7 +262,7 @@ def test_worker_joins_at_runtime_and_drains_without_loss(stack):
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         futures = [pool.submit(ask, i) for i in range(8)]
-        wait_until(lambda: metric(extra.url, "vllm:num_requests_running") > 0, timeout_s=60, interval_s=0.1, what="requests on the draining worker")
+        wait_until(lambda: requests_in_engine(extra) > 0, timeout_s=120, interval_s=0.1, what="requests on the draining worker")
         assert extra.terminate(timeout_s=180) == 0  # drained: exit 0 once idle, not by timeout
         answers = [f.result() for f in futures]
     assert all(answers) and len(answers) == 8

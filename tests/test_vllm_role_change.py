@@ -27,10 +27,9 @@ from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.processes import wait_until
 from litellm_disagg.runtime_config import WorkerRole
 
-from .support.net import metric
 from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, registered
 from .support.proxy_configs import shipped_with_remote_prefill
-from .support.vllm_counters import external_tokens, generations_served, prefills_served
+from .support.vllm_counters import external_tokens, generations_served, prefills_served, requests_in_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -155,10 +154,17 @@ def _flow_while(proxy: ProxyProc, workers: Workers, n: int, offset: int, flip) -
 
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
         futures = [pool.submit(ask, i) for i in range(n)]
-        wait_until(lambda: any(metric(w.url, "vllm:num_requests_running") > 0 for w in (workers.both, workers.consumer)),
+        wait_until(lambda: any(requests_in_engine(w) > 0 for w in (workers.both, workers.consumer)),
                    timeout_s=120, interval_s=0.05, what="requests in flight")
         flip()
         return [f.result() for f in futures]  # a failed request raises here
+
+
+def _ensure_role(workers: Workers, role: WorkerRole) -> None:
+    if _published_role(workers) is not role:
+        asyncio.run(FileRegistry(workers.registry).request_role(workers.both.worker_id, role))
+        wait_until(lambda: _published_role(workers) is role, timeout_s=60, interval_s=0.05,
+                   what=f"the worker to publish {role.value}")
 
 
 def _published_role(workers: Workers) -> WorkerRole | None:
@@ -188,6 +194,7 @@ def test_a_prefill_worker_becomes_a_decode_worker_under_traffic(workers, proxy):
 def test_the_role_command_moves_it_back_to_prefill_under_traffic(workers, proxy):
     """``litellm-disagg role WORKER prefill`` while 8 requests flow: none fails, outputs equal, and the worker then
     prefills for the decode worker (the KV arrives there by transfer)."""
+    _ensure_role(workers, WorkerRole.DECODE)  # where the test above leaves it; set here so a failure there stays there
     references = _references(workers, 8, offset=100)
     result: list[subprocess.CompletedProcess[str]] = []
 

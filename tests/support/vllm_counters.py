@@ -28,3 +28,10 @@ def prefills_served(worker: WorkerProc) -> float:
 def generations_served(worker: WorkerProc) -> float:
     """Requests that asked for more than one token: decodes (or aggregated requests)."""
     return metric(worker.url, "vllm:request_params_max_tokens_count") - prefills_served(worker)
+
+
+def requests_in_engine(worker: WorkerProc) -> float:
+    """Requests the engine holds now, running or waiting. A disaggregated decode waits (for its KV) before it runs,
+    and on two busy cores it can wait longer than a short generation runs: a test that needs requests in flight
+    watches both gauges, not only ``num_requests_running``."""
+    return metric(worker.url, "vllm:num_requests_running") + metric(worker.url, "vllm:num_requests_waiting")
