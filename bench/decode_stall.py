@@ -99,7 +99,8 @@ def main() -> None:
         print(f"budget {args.prefill_budget or 'default'}, {'kv_both' if args.switchable else 'producer/consumer'}, "
               f"tick {args.tick}: {args.requests} requests, {args.concurrency} at a time; slowest prefill calls "
               f"{[round(t, 2) for t in prefills[-3:]]} s, slowest decode calls {[round(t, 2) for t in decodes[-4:]]} s, "
-              f"decode calls over 5 s: {sum(t > 5 for t in decodes)}", flush=True)
+              f"median decode {decodes[len(decodes) // 2]:.2f} s, calls over 5 s: prefill "
+              f"{sum(t > 5 for t in prefills)}, decode {sum(t > 5 for t in decodes)}", flush=True)
     finally:
         stopping.set()
         for proc in (prefill, decode):
