@@ -29,7 +29,13 @@ from litellm_disagg.runtime_config import WorkerRole
 
 from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, registered
 from .support.proxy_configs import shipped_with_remote_prefill
-from .support.vllm_counters import external_tokens, generations_served, prefills_served, requests_in_engine
+from .support.vllm_counters import (
+    external_tokens,
+    generated_tokens,
+    generations_served,
+    prefills_served,
+    requests_in_engine,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -145,26 +151,33 @@ def _references(workers: Workers, n: int, offset: int, max_tokens: int = 128) ->
 
 
 def _flow_while(proxy: ProxyProc, workers: Workers, n: int, offset: int, flip) -> list[str]:
-    """``n`` requests through the proxy at once; ``flip()`` runs once the decode pool is busy with them."""
+    """``n`` requests through the proxy at once; ``flip()`` runs once they have reached the workers: seen in an engine
+    (running or waiting), or already generating (a quiet machine can finish all of them between two polls of the
+    gauges, which then never show them)."""
     client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key=MASTER_KEY, max_retries=0, timeout=180)
 
     def ask(i: int) -> str:
         reply = client.chat.completions.create(model="tiny", messages=_chat(offset + i), max_tokens=128, temperature=0)
         return reply.choices[0].message.content
 
+    serving = (workers.both, workers.consumer)
+    generated = sum(generated_tokens(w) for w in serving)
+
+    def reached() -> bool:
+        return any(requests_in_engine(w) > 0 for w in serving) or sum(generated_tokens(w) for w in serving) > generated
+
     with concurrent.futures.ThreadPoolExecutor(n) as pool:
         futures = [pool.submit(ask, i) for i in range(n)]
-        wait_until(lambda: any(requests_in_engine(w) > 0 for w in (workers.both, workers.consumer)),
-                   timeout_s=120, interval_s=0.05, what="requests in flight")
+        wait_until(reached, timeout_s=120, interval_s=0.05, what="requests in flight")
         flip()
         return [f.result() for f in futures]  # a failed request raises here
 
 
-def _ensure_role(workers: Workers, role: WorkerRole) -> None:
-    if _published_role(workers) is not role:
-        asyncio.run(FileRegistry(workers.registry).request_role(workers.both.worker_id, role))
-        wait_until(lambda: _published_role(workers) is role, timeout_s=60, interval_s=0.05,
-                   what=f"the worker to publish {role.value}")
+def _move_to(workers: Workers, role: WorkerRole, timeout_s: float = 60) -> None:
+    """The planner's call (``Registry.request_role``), then the switchable worker publishing ``role``."""
+    asyncio.run(FileRegistry(workers.registry).request_role(workers.both.worker_id, role))
+    wait_until(lambda: _published_role(workers) is role, timeout_s=timeout_s, interval_s=0.05,
+               what=f"the worker to publish {role.value}")
 
 
 def _published_role(workers: Workers) -> WorkerRole | None:
@@ -179,9 +192,7 @@ def test_a_prefill_worker_becomes_a_decode_worker_under_traffic(workers, proxy):
     generated = generations_served(workers.both)
 
     def flip() -> None:
-        asyncio.run(FileRegistry(workers.registry).request_role(workers.both.worker_id, WorkerRole.DECODE))
-        wait_until(lambda: _published_role(workers) is WorkerRole.DECODE, timeout_s=30, interval_s=0.05,
-                   what="the worker to publish decode")
+        _move_to(workers, WorkerRole.DECODE, timeout_s=30)
 
     assert _flow_while(proxy, workers, 8, 0, flip) == references
     # The new role's work lands on it: with two decode workers, some of a few more requests are generated there.
@@ -194,7 +205,8 @@ def test_a_prefill_worker_becomes_a_decode_worker_under_traffic(workers, proxy):
 def test_the_role_command_moves_it_back_to_prefill_under_traffic(workers, proxy):
     """``litellm-disagg role WORKER prefill`` while 8 requests flow: none fails, outputs equal, and the worker then
     prefills for the decode worker (the KV arrives there by transfer)."""
-    _ensure_role(workers, WorkerRole.DECODE)  # where the test above leaves it; set here so a failure there stays there
+    if _published_role(workers) is not WorkerRole.DECODE:  # where the test above leaves it, unless it failed there
+        _move_to(workers, WorkerRole.DECODE)
     references = _references(workers, 8, offset=100)
     result: list[subprocess.CompletedProcess[str]] = []
 

@@ -35,3 +35,8 @@ def requests_in_engine(worker: WorkerProc) -> float:
     and on two busy cores it can wait longer than a short generation runs: a test that needs requests in flight
     watches both gauges, not only ``num_requests_running``."""
     return metric(worker.url, "vllm:num_requests_running") + metric(worker.url, "vllm:num_requests_waiting")
+
+
+def generated_tokens(worker: WorkerProc) -> float:
+    """Tokens the engine generated so far (a counter: unlike the gauges above, a poll cannot miss a short burst)."""
+    return metric(worker.url, "vllm:generation_tokens_total")
