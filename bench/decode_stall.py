@@ -6,7 +6,9 @@
 One prefill and one decode ``litellm-disagg worker`` (the tiny test Llama) on this machine. Each request is sent the
 way the router sends it, straight to the workers: a one-token request with ``do_remote_decode`` to the prefill
 worker, then the decode request with the returned ``kv_transfer_params`` to the decode worker, ``--concurrency`` at
-a time. Prints the slowest prefill and decode calls. ``--tick W`` sends a one-token request to worker W every
+a time. Prints the slowest prefill and decode calls, then the decode worker's own counts of requests whose
+``vllm:e2e_request_latency_seconds`` or ``request_queue_time_seconds`` exceeded 5 or 10 s (whether the time is
+inside vLLM). ``--tick W`` sends a one-token request to worker W every
 second meanwhile (an engine step), which is what tells whose idle engine holds a request back; ``--prefill-budget``
 passes ``--max-num-batched-tokens`` to the prefill engine. docs/operations.md has what it found.
 """
@@ -24,6 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.ports import free_port
@@ -41,6 +44,14 @@ def start(run_dir: Path, model_dir: Path, role: str, *, switchable: bool,
             *(["--switchable"] if switchable else []), "--", "--max-num-seqs", "8", *vllm_args]
     proc = spawn(argv, env=dict(os.environ, OMP_NUM_THREADS="1"), log=run_dir / f"{role}-{port}.log")
     return f"http://127.0.0.1:{port}", proc
+
+
+def over(url: str, histogram: str, seconds: float) -> int:
+    """Requests the worker's own histogram ``vllm:<histogram>`` counts above ``seconds`` (a bucket bound)."""
+    buckets = {sample.labels["le"]: sample.value
+               for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text)
+               for sample in family.samples if sample.name == f"vllm:{histogram}_bucket"}
+    return round(buckets["+Inf"] - buckets[str(seconds)])
 
 
 def registered(run_dir: Path, url: str) -> bool:
@@ -101,6 +112,10 @@ def main() -> None:
               f"{[round(t, 2) for t in prefills[-3:]]} s, slowest decode calls {[round(t, 2) for t in decodes[-4:]]} s, "
               f"median decode {decodes[len(decodes) // 2]:.2f} s, calls over 5 s: prefill "
               f"{sum(t > 5 for t in prefills)}, decode {sum(t > 5 for t in decodes)}", flush=True)
+        # Where the time went, by the decode worker's own clock (its arrival to its answer; its queue).
+        print(f"decode worker's histograms: e2e latency over 5 s {over(decode_url, 'e2e_request_latency_seconds', 5.0)}, "
+              f"over 10 s {over(decode_url, 'e2e_request_latency_seconds', 10.0)}; queue time over 5 s "
+              f"{over(decode_url, 'request_queue_time_seconds', 5.0)}", flush=True)
     finally:
         stopping.set()
         for proc in (prefill, decode):
