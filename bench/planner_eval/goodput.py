@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from bench.planner_eval.cluster import Cluster, ClusterConfig, RolePolicy
 from bench.planner_eval.slo import Slo, attainment
-from bench.planner_eval.workload import PhaseName, Segment, schedule
+from bench.planner_eval.workload import PhaseName, PhaseShape, Segment, schedule
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,9 @@ class SearchSettings:
     start_rate: float = 4.0
     rel_tol: float = 0.03
     max_rate: float = 400.0
+    ramp_s: float = 0.0
+    """Arrivals ramp from 0 to the probed rate over the first ``ramp_s`` seconds (0, the headline protocol: the
+    full rate from the first second). ``startup.py`` uses it for the ramped-start measurement."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +51,10 @@ def measure(
     slo: Slo,
     search: SearchSettings,
     seed: int,
+    shape: PhaseShape | None = None,
 ) -> float:
-    arrivals = schedule([Segment(phase, rate, search.duration_s)], seed=seed)
+    """Attainment of one probe. ``shape``: request sizes other than the phase's own (``sweep.py``)."""
+    arrivals = schedule([Segment(phase, rate, search.duration_s, shape, search.ramp_s)], seed=seed)
     result = Cluster(config, make_policy()).run(arrivals)
     return attainment(slo, (r for r in result.requests if r.arrival >= search.warmup_s))
 
@@ -61,11 +66,12 @@ def goodput(
     slo: Slo,
     search: SearchSettings = SearchSettings(),
     seed: int = 0,
+    shape: PhaseShape | None = None,
 ) -> Goodput:
     probes: list[Probe] = []
 
     def ok(rate: float) -> bool:
-        att = measure(phase, rate, make_policy, config, slo, search, seed)
+        att = measure(phase, rate, make_policy, config, slo, search, seed, shape)
         probes.append(Probe(rate, att))
         return att >= slo.attainment
 

@@ -6,6 +6,10 @@
                        ``burst_period_s``, the rest of the time a lower rate, so the mean stays ``rate``
 
 Sizes are drawn uniformly in each phase's ranges. The same seed gives the same schedule.
+
+Two optional knobs of a ``Segment``, both off in the headline evaluation: ``shape`` replaces the phase's sizes (the
+prompt-length sweep, ``sweep.py``), ``ramp_s`` ramps the rate linearly from 0 to ``rate`` over the segment's first
+``ramp_s`` seconds (the ramped-start measurement, ``startup.py``).
 """
 
 from __future__ import annotations
@@ -58,6 +62,11 @@ class Segment:
     phase: PhaseName
     rate: float
     duration_s: float
+    shape: PhaseShape | None = None
+    """Sizes (and burst pattern) to draw instead of ``SHAPES[phase]``; the requests keep ``phase`` as their label."""
+    ramp_s: float = 0.0
+    """The rate grows linearly from 0 to ``rate`` over the segment's first ``ramp_s`` seconds (0: full from the
+    start)."""
 
 
 def _rate_at(shape: PhaseShape, rate: float, t: float) -> float:
@@ -74,14 +83,17 @@ def schedule(segments: Sequence[Segment], seed: int = 0) -> list[Arrival]:
     out: list[Arrival] = []
     start = 0.0
     for seg in segments:
-        shape = SHAPES[seg.phase]
+        shape = seg.shape or SHAPES[seg.phase]
         peak = seg.rate * max(1.0, shape.burst_factor)
         t = 0.0
         while peak > 0:
             t += rng.expovariate(peak)
             if t >= seg.duration_s:
                 break
-            if rng.random() * peak > _rate_at(shape, seg.rate, t):
+            rate_now = _rate_at(shape, seg.rate, t)
+            if seg.ramp_s > 0 and t < seg.ramp_s:
+                rate_now *= t / seg.ramp_s
+            if rng.random() * peak > rate_now:
                 continue
             out.append(
                 Arrival(
