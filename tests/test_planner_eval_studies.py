@@ -37,6 +37,8 @@ def test_the_sweeps_headline_row_is_the_headline_phase():
     assert sweep.HEADLINE_PROMPT == 4608
     assert sweep.prompt_shape(sweep.HEADLINE_PROMPT) == SHAPES["prompt-heavy"]
     assert sweep.rows_of([2048, 4608], [30.0, 40.0], 40.0) == [(2048, 40.0), (4608, 40.0), (4608, 30.0)]
+    assert sweep.rows_of([2048, 4608], [30.0, 40.0], 40.0, cross=True) == [
+        (2048, 30.0), (4608, 30.0), (2048, 40.0), (4608, 40.0)]
 
 
 def test_a_ramp_thins_the_first_seconds_only():

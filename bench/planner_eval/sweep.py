@@ -2,12 +2,12 @@
 the prompts' length and the ITL SLO. A side study; the headline workload (``workload.SHAPES``) is unchanged.
 
     .venv/bin/python -m bench.planner_eval.sweep            # the table in docs/planner-evaluation.md
-    .venv/bin/python -m bench.planner_eval.sweep --prompt-tokens 2048,8192 --itl-ms 40 --seeds 0
+    .venv/bin/python -m bench.planner_eval.sweep --cross --itl-ms 30,35     # every length at 30 and 35 ms
 
 Each row is one prompt-heavy shape: prompts drawn uniformly in ``[2/3 L, 4/3 L]`` around a mean ``L`` (L = 4,608 is
 the headline phase, 3,072-6,144), outputs 32-128 tokens as in the headline, Poisson arrivals; one ITL SLO (TTFT stays
 the headline's). Rows: every ``--prompt-tokens`` at the headline ITL SLO, then every other ``--itl-ms`` at the
-headline length. Per row and seed: goodput (``goodput.py``) of ``aggregated`` and of each static split kP(n-k)D; the
+headline length (``--cross``: every length at every ITL SLO). Per row and seed: goodput (``goodput.py``) of ``aggregated`` and of each static split kP(n-k)D; the
 best split's ratio to aggregated; and, at the first rate each of the two failed, which target the requests missed
 (TTFT, ITL: shares of the counted requests; one request can miss both), which says what limits that arm.
 Simulated time: the figures do not depend on the machine.
@@ -91,8 +91,12 @@ def _one(args: tuple[int, float, str, int, Slo, ClusterConfig, SearchSettings]) 
     return Cell(prompt, itl_ms, arm, seed, g.rate, miss)
 
 
-def rows_of(prompts: Sequence[int], itls_ms: Sequence[float], default_itl_ms: float) -> list[tuple[int, float]]:
-    """Every prompt length at the headline ITL SLO, then every other ITL SLO at the headline length."""
+def rows_of(prompts: Sequence[int], itls_ms: Sequence[float], default_itl_ms: float,
+            cross: bool = False) -> list[tuple[int, float]]:
+    """Every prompt length at the headline ITL SLO, then every other ITL SLO at the headline length; ``cross``:
+    every prompt length at every ITL SLO instead (ITL SLO by ITL SLO)."""
+    if cross:
+        return [(p, i) for i in itls_ms for p in prompts]
     rows = [(p, default_itl_ms) for p in prompts]
     rows += [(HEADLINE_PROMPT, i) for i in itls_ms if i != default_itl_ms]
     return list(dict.fromkeys(rows))
@@ -149,9 +153,10 @@ def markdown(cells: Sequence[Cell], rows: Sequence[tuple[int, float]], workers: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.planner_eval.sweep", description=__doc__.splitlines()[0])
-    ap.add_argument("--prompt-tokens", default="1024,2048,4608,9216,18432",
+    ap.add_argument("--prompt-tokens", default="1024,2048,4608,9216",
                     help="mean prompt lengths, comma-separated (4608: the headline phase)")
-    ap.add_argument("--itl-ms", default="25,30,40,60", help="ITL SLOs (ms) to run at the headline prompt length")
+    ap.add_argument("--itl-ms", default="25,30,35,40,60", help="ITL SLOs (ms) to run at the headline prompt length")
+    ap.add_argument("--cross", action="store_true", help="every prompt length at every ITL SLO")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--workers", type=int, default=8)
@@ -162,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     default_itl = Slo.itl_s * 1e3
     rows = rows_of([int(p) for p in args.prompt_tokens.split(",")], [float(i) for i in args.itl_ms.split(",")],
-                   default_itl)
+                   default_itl, args.cross)
     seeds = [int(s) for s in args.seeds.split(",")]
     search = SearchSettings(duration_s=args.duration_s, warmup_s=args.warmup_s, rel_tol=args.tol)
     started = time.monotonic()
