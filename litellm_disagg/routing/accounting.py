@@ -65,6 +65,8 @@ class Accounting:
         self._requests: Counter[str] = Counter()
         self._prefill: Counter[str] = Counter()
         self._decode: Counter[str] = Counter()
+        self.version = 0
+        """Counts changes to the per-worker figures (a cached load snapshot is valid while it stays the same)."""
 
     # -- changes -------------------------------------------------------------------------------------------------------
 
@@ -72,6 +74,7 @@ class Accounting:
         """Count a call sent to ``worker_id`` (replacing any entry under ``key``)."""
         self.finish(key)
         self._entries[key] = _Entry(worker_id, prefill_tokens, decode_blocks, self._clock())
+        self.version += 1
         self._requests[worker_id] += 1
         if prefill_tokens:
             self._prefill[worker_id] += prefill_tokens
@@ -84,6 +87,7 @@ class Accounting:
         if entry is not None and entry.prefill_tokens:
             _sub(self._prefill, entry.worker_id, entry.prefill_tokens)
             entry.prefill_tokens = 0
+            self.version += 1
 
     def finish(self, key: FlightKey, worker_id: str | None = None) -> str | None:
         """End an entry (only if it is on ``worker_id``, when given: a late event of an earlier attempt must not end
@@ -92,6 +96,7 @@ class Accounting:
         if entry is None or (worker_id is not None and entry.worker_id != worker_id):
             return None
         del self._entries[key]
+        self.version += 1
         _sub(self._requests, entry.worker_id, 1)
         _sub(self._prefill, entry.worker_id, entry.prefill_tokens)
         _sub(self._decode, entry.worker_id, entry.decode_blocks)

@@ -232,3 +232,60 @@ def test_collect_loads_equals_its_first_definition() -> None:
         assert got == expected and list(got) == list(expected)
         assert all(type(v) is WorkerLoad for v in got.values())
     assert len(accounting) == 60 - 16  # the entries started at 100..115 s expired, the others are counted
+
+
+async def test_load_cache_equals_collect_loads_at_every_step() -> None:
+    """``LoadCache`` (the router's snapshot kept between decisions) against ``collect_loads`` at the same instant,
+    over random accounting changes, scrapes that succeed or fail, figures aging past ``stale_after_s``, entries
+    expiring, targets and capacities changing and the clock going back: every candidate's load and figures equal."""
+    from litellm_disagg.routing.pipeline.context import LoadCache, figures
+
+    rng = random.Random(3)
+    pages, clock = Pages(), Clock()
+    scraper = LoadScraper(
+        client=httpx.AsyncClient(transport=httpx.MockTransport(pages.handler)), clock=clock, stale_after_s=2.0
+    )
+    accounting = Accounting(max_age_s=30, clock=clock)
+    cache = LoadCache(accounting, scraper)
+    ids = [f"w{i}" for i in range(12)]
+    capacity = {wid: rng.choice([0, 100, 1000]) for wid in ids}
+    scraper.set_targets({wid: f"http://{wid}" for wid in ids})
+
+    def page() -> str:
+        return f"vllm:num_requests_running {rng.randrange(6)}\nvllm:kv_cache_usage_perc {rng.random()}\n"
+
+    pages.pages = {wid: page() for wid in ids}
+    live: list[FlightKey] = []
+    checked = 0
+    for step in range(600):
+        action = rng.randrange(8)
+        if action == 0:
+            key = FlightKey.decode(f"r{step}")
+            accounting.start(
+                key, rng.choice(ids), prefill_tokens=rng.choice([0, 64, 999]), decode_blocks=rng.randrange(50)
+            )
+            live.append(key)
+        elif action == 1 and live:
+            accounting.finish(live.pop(rng.randrange(len(live))))
+        elif action == 2 and live:
+            accounting.prefill_done(rng.choice(live))
+        elif action == 3:
+            for wid in rng.sample(ids, rng.randrange(1, 5)):  # the others serve their page again (new values or not)
+                pages.pages[wid] = page() if rng.random() < 0.8 else 500
+            await scraper.scrape_once()
+        elif action == 4:
+            clock.now += rng.choice([0.01, 0.5, 1.0, 1.99, 2.0, 2.5, 12.0])
+        elif action == 5 and rng.random() < 0.2:
+            clock.now -= rng.choice([0.5, 3.0])
+        elif action == 6 and rng.random() < 0.3:
+            scraper.set_targets({wid: f"http://{wid}" for wid in rng.sample(ids, rng.randrange(6, 13))})
+        elif action == 7 and rng.random() < 0.3:
+            capacity[rng.choice(ids)] = rng.choice([0, 100, 1000, 5000])
+        candidates = [worker(wid, capacity=capacity[wid]) for wid in rng.sample(ids, rng.randrange(1, 13))]
+        loads, figs = cache.snapshot(candidates)
+        want = collect_loads(candidates, accounting=accounting, scraped=scraper.lookup())
+        for w in candidates:
+            assert loads[w.worker_id] == want[w.worker_id], (step, w.worker_id)
+            assert figs[w.worker_id] == figures(want[w.worker_id])
+            checked += 1
+    assert checked > 2000

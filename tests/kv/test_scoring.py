@@ -268,8 +268,8 @@ def test_selection_equals_its_first_definition() -> None:
         seed = rng.random()
         got = Pipeline(profile, rng=random.Random(seed)).select(context, candidates)
         expected = reference_select(profile, context, candidates, random.Random(seed))
-        scores = {name: {wid: b.scores[name] for wid, b in got.breakdown.items()} for name in got._scores}
-        costs = None if got._costs is None else dict(got._costs)
+        scores = {name: {wid: b.scores[name] for wid, b in got.breakdown.items()} for name in got.scores}
+        costs = None if got.costs is None else dict(got.costs)
         assert (got.worker_id, got.how, got.totals, scores, costs) == expected
         assert list(got.totals) == list(expected[2])
 
@@ -280,3 +280,67 @@ def test_usable_cached_tokens_equals_its_min_definition() -> None:
             for prompt in range(-1, 70):
                 expected = 0 if prompt <= 0 else min(blocks, (prompt - 1) // block_size) * block_size
                 assert usable_cached_tokens(blocks, block_size, prompt) == expected
+
+
+def test_list_path_equals_the_by_id_path() -> None:
+    """``Pipeline.select`` over distinct candidates (scores as lists, each load's figures computed once, precomputed
+    or not) against ``_select_by_id`` (by worker id, the code it replaced): every scorer, bounded load, both
+    tie-breaks, temperature, live sessions; the same winner, how, totals (in order), scores, costs, bound, breakdown,
+    ranking, and the same RNG and rotation state after a run of selections."""
+    from litellm_disagg.routing.pipeline.context import figures
+    from litellm_disagg.routing.pipeline.profile import BoundedLoadSettings, SessionSettings
+
+    rng = random.Random(5)
+    names = ["prefix_overlap", "load", "kv_free", "kv_cost", "live_sessions"]
+    pool = [worker(f"w{i}", capacity=rng.choice([0, 100, 1000]), block_size=rng.choice([16, 32])) for i in range(40)]
+    for _ in range(150):
+        weights = {n: rng.choice([0.0, 0.25, 1.0, 3.0]) for n in rng.sample(names, rng.randrange(1, 6))}
+        if not any(weights.values()):
+            weights["kv_cost"] = 1.0
+        settings = ProfileSettings(
+            weights=weights,  # type: ignore[arg-type]
+            cost=CostWeights(prefill=rng.choice([0.0, 1.0]), decode=rng.choice([0.0, 1.0]), active=rng.random()),
+            temperature=rng.choice([0.0, 0.0, 0.0, 0.3]),
+            tie_break=rng.choice(["least_loaded", "rotate"]),
+            bounded_load=rng.choice([None, BoundedLoadSettings(), BoundedLoadSettings(factor=1.0, slack=0.0)]),
+            sessions=SessionSettings(min_hit_fraction=rng.choice([0.1, 0.5])),
+        )
+        seed = rng.random()
+        fast, slow = Pipeline(settings, rng=random.Random(seed)), Pipeline(settings, rng=random.Random(seed))
+        for _ in range(8):
+            candidates = rng.sample(pool, rng.randrange(1, 14))
+            loads = {
+                w.worker_id: load(
+                    w.worker_id,
+                    capacity=w.kv_capacity_blocks,
+                    inflight=rng.choice([0, 0, 1, 3, 9]),
+                    prefill_tokens=rng.choice([0, 0, 17, 500]),
+                    decode_blocks=rng.choice([0, 10, 2000]),
+                    running=rng.choice([0, 2, 7]),
+                    waiting=rng.choice([0, 0, 1]),
+                    kv_usage=rng.choice([0.0, 0.5, 1.5, float("nan")]),
+                    stale=rng.random() < 0.3,
+                )
+                for w in rng.sample(candidates, rng.randrange(0, len(candidates) + 1))
+            }
+            prompt = rng.choice([0, 100, 4096])
+            cached = {
+                w.worker_id: rng.choice([0, 48, 4096, 9999]) for w in rng.sample(candidates, len(candidates) // 2)
+            }
+            live = {w.worker_id: rng.randrange(0, 4) for w in rng.sample(candidates, len(candidates) // 2)}
+            given = rng.choice(["none", "all", "some"])
+            precomputed = None
+            if given != "none":  # as LoadCache gives them: for workers in loads (some or all of them)
+                precomputed = {wid: figures(x) for wid, x in loads.items() if given == "all" or rng.random() < 0.5}
+            context = ScoringContext(prompt, cached, loads, live, figures=precomputed)
+            got = fast.select(context, candidates)
+            want = slow._select_by_id(context, candidates, [w.worker_id for w in candidates])
+            assert (got.worker_id, got.how, got.over_bound) == (want.worker_id, want.how, want.over_bound)
+            assert got.totals == want.totals and list(got.totals) == list(want.totals)
+            assert got.scores == want.scores and got.costs == want.costs
+            assert got.breakdown == want.breakdown and got.ranking() == want.ranking()
+            fresh = fast.select(context, candidates)  # details read before the whole breakdown is built
+            assert all(fresh.detail(wid) == want.detail(wid) for wid in want.totals)
+            slow._select_by_id(context, candidates, [w.worker_id for w in candidates])  # keep the two in step
+        assert fast.picker.rng.getstate() == slow.picker.rng.getstate()
+        assert next(fast.picker._turn) == next(slow.picker._turn)

@@ -50,11 +50,10 @@ from dataclasses import dataclass
 
 import httpx
 
-from litellm_disagg.http_client import pooled_client
-
 from litellm_disagg.engines import prom_text
 from litellm_disagg.engines.base import MetricNames
 from litellm_disagg.engines.vllm.metrics import VLLM_METRICS
+from litellm_disagg.http_client import pooled_client
 
 logger = logging.getLogger(__name__)
 
@@ -280,6 +279,8 @@ class LoadScraper:
         self._clock = clock
         self._targets: dict[str, str] = {}
         self._last: dict[str, ScrapedLoad] = {}
+        self.version = 0
+        """Counts changes to the scraped values (a cached load snapshot is valid while it stays the same)."""
         self._task: asyncio.Task[None] | None = None
         self.on_transfers = on_transfers
         self._transfers = TransferDeltas(carry_s=transfer_carry_s)
@@ -302,11 +303,16 @@ class LoadScraper:
             self._names[worker_id] = known[names]
         for gone in set(self._last) - set(self._targets):
             del self._last[gone]
+        self.version += 1
         for worker_id, url in previous.items():
             if self._targets.get(worker_id) != url:
                 self._transfers.forget(worker_id)
 
     # -- reading ------------------------------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """The scraper's clock (what staleness is measured against)."""
+        return self._clock()
 
     def get(self, worker_id: str) -> ScrapedLoad:
         """The worker's last values (all zero and stale when never scraped)."""
@@ -356,11 +362,13 @@ class LoadScraper:
                 self._last[worker_id] = ScrapedLoad(
                     base.waiting, base.running, base.kv_usage, base.scraped_at, stale=True
                 )
+                self.version += 1
             return
         if worker_id not in self._targets:  # removed while the scrape was in flight
             return
         now = self._clock()
         self._last[worker_id] = ScrapedLoad(parsed.waiting, parsed.running, parsed.kv_usage, now, stale=False)
+        self.version += 1
         if self._targets[worker_id] != server_url:  # moved to another URL meanwhile: not the same counters
             return
         sample = self._transfers.update(worker_id, totals, now)

@@ -30,6 +30,7 @@ import httpx
 import zmq.asyncio
 
 from litellm_disagg.engines import engine_for
+from litellm_disagg.routing.accounting import Accounting
 from litellm_disagg.routing.kv.block_hash import PromptBlocks
 from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, DisaggDecision, DisaggInputs
 from litellm_disagg.routing.kv.event_applier import ApplierStats, EventApplier
@@ -39,8 +40,7 @@ from litellm_disagg.routing.kv.load_scraper import LoadScraper, TransferSample
 from litellm_disagg.routing.kv.prefix_index import IndexStats, PrefixIndex
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
 from litellm_disagg.routing.kv.tokenizer import PromptTokenizer
-from litellm_disagg.routing.accounting import Accounting
-from litellm_disagg.routing.pipeline.context import ScoringContext, collect_loads, usable_cached_tokens
+from litellm_disagg.routing.pipeline.context import LoadCache, ScoringContext, usable_cached_tokens
 from litellm_disagg.routing.pipeline.selection import Selection
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.request import DisaggRequest
@@ -92,6 +92,8 @@ class KVRouter:
             clock=clock,
             on_transfers=self._transfers_measured,
         )
+        self._loads = LoadCache(self.accounting, self.scraper)
+        """The load snapshot and its figures, kept between decisions while neither source changed."""
         self._indexed: dict[str, _Indexed] = {}
         self._subscribers: dict[str, KVEventSubscriber] = {}
         self._zmq: zmq.asyncio.Context | None = None
@@ -167,12 +169,13 @@ class KVRouter:
                 blocks = overlap.get(worker.worker_id, 0)
                 if blocks:
                     cached[worker.worker_id] = usable_cached_tokens(blocks, size, prompt.num_tokens)
-        loads = collect_loads(candidates, accounting=self.accounting, scraped=self.scraper.lookup())
+        loads, figures = self._loads.snapshot(candidates)
         return ScoringContext(
             prompt_tokens=0 if prompt is None else prompt.num_tokens,
             cached_tokens=cached,
             loads=loads,
             live_sessions=self.sessions.counts(),
+            figures=figures,
         )
 
     def decide(self, prompt: PromptBlocks | None, decode: Selection, prefill: Selection) -> DisaggDecision:

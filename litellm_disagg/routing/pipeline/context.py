@@ -5,7 +5,10 @@
 - ``ScoringContext``: the prompt's length, the cached tokens per worker (from the KV prefix index, when KV-aware
   routing is on; else empty), the loads, and the live sessions per worker (prefixes each recently served that may
   come back: ``routing/kv/live_sessions.py``; empty without KV-aware routing).
-- ``collect_loads``: the snapshot of many workers at one instant.
+- ``collect_loads``: the snapshot of many workers at one instant; ``LoadCache``: the same snapshot kept from one
+  decision to the next while neither source changed (a router's ``Accounting`` and ``LoadScraper`` count their
+  changes) and no figure in it is due to age, with each worker's ``figures`` (the ``WorkerLoad`` properties the
+  scorers read) computed once per snapshot instead of per candidate and decision.
 
 Context providers (``providers.py``) build it; scorers only read it.
 """
@@ -14,11 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from litellm_disagg.routing.accounting import Accounting
 from litellm_disagg.routing.kv.load_scraper import NOT_SCRAPED, ScrapedLoad
 from litellm_disagg.runtime_config import RuntimeConfig
+
+if TYPE_CHECKING:
+    from litellm_disagg.routing.kv.load_scraper import LoadScraper
 
 
 class WorkerLoad(NamedTuple):
@@ -63,6 +69,15 @@ class WorkerLoad(NamedTuple):
         return free if free > 0.0 else 0.0
 
 
+Figures = tuple[float, float, float, int]
+"""``figures(load)``: (active requests, used blocks, free KV fraction, in-flight prefill tokens)."""
+
+
+def figures(load: WorkerLoad) -> Figures:
+    """What the scorers read of one load, in one tuple: its properties computed once."""
+    return (load.active_requests, load.used_blocks, load.free_kv_fraction, load.inflight_prefill_tokens)
+
+
 @dataclass(frozen=True)
 class ScoringContext:
     """What the scorers know about one request and the candidates' state."""
@@ -73,6 +88,9 @@ class ScoringContext:
     loads: Mapping[str, WorkerLoad]
     live_sessions: Mapping[str, int] = field(default_factory=dict)
     """Per worker: prefixes it served within the sessions window that were not continued elsewhere (absent: 0)."""
+    figures: Mapping[str, Figures] | None = field(default=None, compare=False, repr=False)
+    """Per worker in ``loads`` (some or all): ``figures(loads[worker_id])``, precomputed (``LoadCache``). None:
+    computed from ``loads`` when asked."""
 
     def cached(self, worker_id: str) -> int:
         return self.cached_tokens.get(worker_id, 0)
@@ -88,6 +106,14 @@ class ScoringContext:
             found if (found := get(w.worker_id)) is not None else WorkerLoad(w.worker_id, w.kv_capacity_blocks)
             for w in candidates
         ]
+
+    def figures_of(self, candidates: Sequence[RuntimeConfig]) -> list[Figures]:
+        """``[figures(load(w)) for w in candidates]``, from the precomputed ``figures`` where they are given."""
+        known = self.figures
+        if known is None:
+            return [figures(load) for load in self.loads_of(candidates)]
+        get = known.get
+        return [f if (f := get(w.worker_id)) is not None else figures(self.load(w)) for w in candidates]
 
 
 def usable_cached_tokens(cached_blocks: int, block_size: int, prompt_tokens: int) -> int:
@@ -136,3 +162,53 @@ def _zero(_worker_id: str, default: int) -> int:
 
 def _not_scraped(_worker_id: str) -> ScrapedLoad:
     return NOT_SCRAPED
+
+
+class LoadCache:
+    """A router's load snapshot (``collect_loads`` over its accounting and scraper) and every worker's ``figures``,
+    kept from one decision to the next while it cannot have changed: the accounting's and the scraper's ``version``
+    are the same (each counts its changes; the accounting's expiry runs first, as ``collect_loads`` runs it), the
+    clock has not gone back, and no scraped figure in it has aged past ``stale_after_s`` (the oldest one is checked
+    with the scraper's own comparison; a later scrape is younger). A candidate the snapshot lacks (or whose KV
+    capacity changed) is added from a fresh lookup. So every decision sees what ``collect_loads`` would return at
+    that instant, for its candidates (the mapping may hold other workers too; scorers only look up candidates)."""
+
+    def __init__(self, accounting: Accounting, scraper: LoadScraper):
+        self._accounting = accounting
+        self._scraper = scraper
+        self._key: tuple[int, int] | None = None
+        self._at = 0.0
+        self._oldest: float | None = None
+        """The oldest ``scraped_at`` of a not-stale scraped load in the snapshot."""
+        self._loads: dict[str, WorkerLoad] = {}
+        self._figures: dict[str, Figures] = {}
+
+    def snapshot(self, candidates: Sequence[RuntimeConfig]) -> tuple[dict[str, WorkerLoad], dict[str, Figures]]:
+        """``(loads, figures)`` for at least ``candidates``. The mappings are not changed afterwards but for workers
+        added to them (a new snapshot is a new mapping), so a context built on them stays as it was."""
+        accounting, scraper = self._accounting, self._scraper
+        accounting.expire()
+        now = scraper.now()
+        key = (accounting.version, scraper.version)
+        oldest = self._oldest
+        if key != self._key or now < self._at or (oldest is not None and now - oldest > scraper.stale_after_s):
+            self._key, self._at, self._oldest = key, now, None
+            self._loads, self._figures = {}, {}
+        get = self._loads.get
+        missing = [w for w in candidates if (found := get(w.worker_id)) is None or found[1] != w.kv_capacity_blocks]
+        if missing:
+            self._add(missing)
+        return self._loads, self._figures
+
+    def _add(self, missing: list[RuntimeConfig]) -> None:
+        loads, figs = self._loads, self._figures
+        if any(w.worker_id in loads for w in missing):  # a capacity changed: a new mapping, older contexts keep theirs
+            loads, figs = self._loads, self._figures = dict(loads), dict(figs)
+        oldest = self._oldest
+        for wid, load in collect_loads(missing, accounting=self._accounting, scraped=self._scraper.lookup()).items():
+            loads[wid] = load
+            figs[wid] = figures(load)
+            scraped = load.scraped
+            if not scraped.stale and (oldest is None or scraped.scraped_at < oldest):
+                oldest = scraped.scraped_at
+        self._oldest = oldest

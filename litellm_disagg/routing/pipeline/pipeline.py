@@ -19,7 +19,8 @@ from litellm_disagg.routing.pipeline.context import ScoringContext
 from litellm_disagg.routing.pipeline.picker import Picker
 from litellm_disagg.routing.pipeline.profile import ProfileSettings
 from litellm_disagg.routing.pipeline.scorers import KVCostScorer, Scorer, make_scorer
-from litellm_disagg.routing.pipeline.scorers.kv_cost import CostTerms
+from litellm_disagg.routing.pipeline.scorers.base import relative_values
+from litellm_disagg.routing.pipeline.scorers.kv_cost import CostColumns, CostTerms
 from litellm_disagg.routing.pipeline.selection import Selection
 from litellm_disagg.runtime_config import RuntimeConfig
 
@@ -40,6 +41,42 @@ class Pipeline:
         if not candidates:
             return Selection(None, "none")
         ids = [w.worker_id for w in candidates]
+        if len(set(ids)) != len(ids):
+            return self._select_by_id(ctx, candidates, ids)
+        # Distinct candidates (always, from the route planner): every scorer's values as a list in candidate order,
+        # from each worker's load figures computed once per snapshot (``ctx.figures_of``). The same values, clamped
+        # and summed in the same order as ``_select_by_id`` (tests/kv/test_scoring.py compares them).
+        figures = ctx.figures_of(candidates)
+        totals_l = [0.0] * len(ids)
+        columns: dict[str, list[float]] = {}
+        cost_columns: CostColumns | None = None
+        for scorer, weight in self.scorers:
+            if isinstance(scorer, KVCostScorer):  # keep the cost terms for the breakdown; compute them once
+                cost_columns = scorer.columns(ctx, candidates, figures)
+                values = relative_values(cost_columns.total)
+            elif (as_list := getattr(scorer, "values", None)) is not None:  # the built-in scorers
+                values = as_list(ctx, candidates, figures)
+            else:
+                by_id = scorer.score(ctx, candidates)
+                values = [by_id.get(wid, 0.0) for wid in ids]
+            values = [v if 0.0 <= v <= 1.0 else 1.0 if v > 1.0 else 0.0 for v in values]  # NaN -> 0
+            totals_l = [total + weight * v for total, v in zip(totals_l, values, strict=True)]
+            columns[scorer.name] = values
+        totals = dict(zip(ids, totals_l, strict=True))
+        table = (ids, columns, cost_columns)
+        bounded = self.profile.bounded_load
+        if bounded is None or len(candidates) == 1:
+            worker, how = self.picker.pick(ctx, candidates, totals)
+            return Selection(worker, how, totals, ctx=ctx, columns=table)
+        eligible, over = within_bound(ctx, candidates, bounded, [f[0] for f in figures])
+        if not over:
+            worker, how = self.picker.pick(ctx, candidates, totals)
+        else:
+            worker, how = self.picker.pick(ctx, eligible, {w.worker_id: totals[w.worker_id] for w in eligible})
+        return Selection(worker, how, totals, ctx=ctx, columns=table, over_bound=over)
+
+    def _select_by_id(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig], ids: list[str]) -> Selection:
+        """``select`` by worker id: any scorer, and a candidate listed twice counts twice (as it always did)."""
         totals = dict.fromkeys(ids, 0.0)
         scores: dict[str, dict[str, float]] = {}
         costs: dict[str, CostTerms] | None = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Literal, NamedTuple
 
 from litellm_disagg.routing.pipeline.context import ScoringContext
-from litellm_disagg.routing.pipeline.scorers.kv_cost import CostTerms
+from litellm_disagg.routing.pipeline.scorers.kv_cost import CostColumns, CostTerms
 from litellm_disagg.runtime_config import RuntimeConfig
 
 How = Literal["none", "only", "best", "tie_load", "tie_random", "tie_rotate", "sampled"]
@@ -29,7 +29,20 @@ class Selection:
     """The winner, how it won, and (built on first use, so an unlogged decision does not pay for it) the per-worker
     breakdown."""
 
-    __slots__ = ("_breakdown", "_costs", "_ctx", "_scores", "how", "over_bound", "totals", "worker")
+    __slots__ = (
+        "_breakdown",
+        "_columns",
+        "_cost_columns",
+        "_costs",
+        "_ctx",
+        "_ids",
+        "_position",
+        "_scores",
+        "how",
+        "over_bound",
+        "totals",
+        "worker",
+    )
 
     def __init__(
         self,
@@ -41,14 +54,24 @@ class Selection:
         ctx: ScoringContext | None = None,
         costs: dict[str, CostTerms] | None = None,
         over_bound: frozenset[str] = frozenset(),
+        columns: tuple[list[str], dict[str, list[float]], CostColumns | None] | None = None,
     ):
+        """``scores`` and ``costs`` by worker id, or ``columns``: the distinct candidates' ids, each scorer's scores
+        and the cost terms as lists in the same order (made into ``scores`` and ``costs`` only when asked)."""
         self.worker = worker
         self.how = how
         self.totals = totals or {}
         """Weighted total per candidate."""
-        self._scores = scores or {}
+        self._scores: dict[str, dict[str, float]] | None = scores or {}
         self._ctx = ctx
         self._costs = costs
+        self._ids: list[str] | None = None
+        self._columns: dict[str, list[float]] = {}
+        self._cost_columns: CostColumns | None = None
+        self._position: dict[str, int] | None = None
+        if columns is not None:
+            self._ids, self._columns, self._cost_columns = columns
+            self._scores = None
         self._breakdown: dict[str, WorkerBreakdown] | None = None
         self.over_bound = over_bound
         """Candidates the profile's bounded load kept from being chosen (``bounded_load.py``)."""
@@ -57,15 +80,44 @@ class Selection:
     def worker_id(self) -> str | None:
         return None if self.worker is None else self.worker.worker_id
 
+    @property
+    def scores(self) -> dict[str, dict[str, float]]:
+        """Each scorer's score (clamped, before its weight) per candidate."""
+        if self._scores is None:
+            ids = self._ids or []
+            self._scores = {name: dict(zip(ids, values, strict=True)) for name, values in self._columns.items()}
+        return self._scores
+
+    @property
+    def costs(self) -> dict[str, CostTerms] | None:
+        """``kv_cost``'s terms per candidate, when it is weighted."""
+        if self._costs is None and self._cost_columns is not None:
+            make = tuple.__new__
+            self._costs = {
+                wid: make(CostTerms, terms)
+                for wid, terms in zip(self._ids or [], zip(*self._cost_columns, strict=True), strict=True)
+            }
+        return self._costs
+
     def detail(self, worker_id: str) -> WorkerBreakdown:
         """One candidate's breakdown."""
         ctx = self._ctx
+        if self._scores is None:  # columns: read this candidate's entries only
+            if self._position is None:
+                self._position = {wid: i for i, wid in enumerate(self._ids or [])}
+            i = self._position[worker_id]
+            scores = {name: values[i] for name, values in self._columns.items()}
+            terms = self._cost_columns
+            cost = None if terms is None else tuple.__new__(CostTerms, [column[i] for column in terms])
+        else:
+            scores = {name: values[worker_id] for name, values in self._scores.items()}
+            cost = None if self._costs is None else self._costs.get(worker_id)
         return WorkerBreakdown(
             self.totals[worker_id],
-            {name: values[worker_id] for name, values in self._scores.items()},
+            scores,
             0 if ctx is None else ctx.cached(worker_id),
             0.0 if ctx is None or worker_id not in ctx.loads else ctx.loads[worker_id].active_requests,
-            None if self._costs is None else self._costs.get(worker_id),
+            cost,
         )
 
     @property

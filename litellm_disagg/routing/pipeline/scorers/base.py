@@ -2,6 +2,9 @@
 
     Scorer.score(ctx, candidates) -> {worker_id: float in [0, 1]}
 
+The built-in scorers also have ``values(ctx, candidates, figures)``: the same scores as a list in candidate order
+(``figures``: ``ctx.figures_of(candidates)``), which the pipeline uses when the candidates are distinct.
+
 The pipeline clamps each score to [0, 1] and sums ``score * weight`` with weights from the pool's profile, so one
 scorer can weigh differently for prefill and for decode workers.
 """
@@ -27,3 +30,11 @@ def relative(costs: Mapping[str, float]) -> dict[str, float]:
         return {}
     top = min(costs.values()) + 1.0
     return {wid: top / (cost + 1.0) for wid, cost in costs.items()}
+
+
+def relative_values(costs: Sequence[float]) -> list[float]:
+    """``relative`` over a list (distinct candidates, in order): the same values."""
+    if not costs:
+        return []
+    top = min(costs) + 1.0
+    return [top / (cost + 1.0) for cost in costs]

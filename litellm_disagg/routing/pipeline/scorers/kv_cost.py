@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from litellm_disagg.routing.pipeline.context import ScoringContext, WorkerLoad
+from litellm_disagg.routing.pipeline.context import Figures, ScoringContext, WorkerLoad
 from litellm_disagg.routing.pipeline.profile import CostWeights
-from litellm_disagg.routing.pipeline.scorers.base import relative
+from litellm_disagg.routing.pipeline.scorers.base import relative, relative_values
 from litellm_disagg.runtime_config import RuntimeConfig
 
 
@@ -24,6 +24,16 @@ class CostTerms(NamedTuple):
     used_blocks: float
     active_requests: float
     total: float
+
+
+class CostColumns(NamedTuple):
+    """``CostTerms`` of many candidates, one list per term, in candidate order."""
+
+    uncached_blocks: list[int]
+    queued_prefill_blocks: list[int]
+    used_blocks: list[float]
+    active_requests: list[float]
+    total: list[float]
 
 
 def kv_cost(ctx: ScoringContext, worker: RuntimeConfig, weights: CostWeights) -> CostTerms:
@@ -66,6 +76,33 @@ class KVCostScorer:
             total = w_prefill * (uncached + queued) + w_decode * used + w_active * active
             out[wid] = make(CostTerms, (uncached, queued, used, active, total))
         return out
+
+    def columns(
+        self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig], figures: Sequence[Figures]
+    ) -> CostColumns:
+        """``costs()`` as five lists in candidate order (``figures``: ``ctx.figures_of(candidates)``): the same
+        arithmetic in the same order, no tuple per candidate."""
+        weights = self.weights
+        w_prefill, w_decode, w_active = weights.prefill, weights.decode, weights.active
+        prompt_tokens = ctx.prompt_tokens
+        cached = ctx.cached_tokens.get
+        uncached_l: list[int] = []
+        queued_l: list[int] = []
+        total_l: list[float] = []
+        for worker, (active, used, _free, queued_tokens) in zip(candidates, figures, strict=True):
+            size = worker.block_size
+            left = prompt_tokens - cached(worker.worker_id, 0)
+            uncached = -(-(left if left > 0 else 0) // size)  # max(0, left), ceil-divided
+            queued = -(-queued_tokens // size)
+            uncached_l.append(uncached)
+            queued_l.append(queued)
+            total_l.append(w_prefill * (uncached + queued) + w_decode * used + w_active * active)
+        return CostColumns(uncached_l, queued_l, [f[1] for f in figures], [f[0] for f in figures], total_l)
+
+    def values(
+        self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig], figures: Sequence[Figures]
+    ) -> list[float]:
+        return relative_values(self.columns(ctx, candidates, figures).total)
 
     def score(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, float]:
         return self.scores_of(self.costs(ctx, candidates))

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from litellm_disagg.routing.pipeline.context import ScoringContext
+from litellm_disagg.routing.pipeline.context import Figures, ScoringContext
 from litellm_disagg.routing.pipeline.profile import SessionSettings
-from litellm_disagg.routing.pipeline.scorers.base import relative
+from litellm_disagg.routing.pipeline.scorers.base import relative, relative_values
 from litellm_disagg.runtime_config import RuntimeConfig
 
 
@@ -36,3 +36,11 @@ class LiveSessionsScorer:
             return dict.fromkeys((w.worker_id for w in candidates), 1.0)
         live = ctx.live_sessions.get
         return relative({w.worker_id: float(live(w.worker_id, 0)) for w in candidates})
+
+    def values(
+        self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig], figures: Sequence[Figures]
+    ) -> list[float]:
+        if not ctx.live_sessions or self.has_cache_hit(ctx, candidates):
+            return [1.0] * len(candidates)
+        live = ctx.live_sessions.get
+        return relative_values([float(live(w.worker_id, 0)) for w in candidates])

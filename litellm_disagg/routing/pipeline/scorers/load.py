@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from litellm_disagg.routing.pipeline.context import ScoringContext
-from litellm_disagg.routing.pipeline.scorers.base import relative
+from litellm_disagg.routing.pipeline.context import Figures, ScoringContext
+from litellm_disagg.routing.pipeline.scorers.base import relative, relative_values
 from litellm_disagg.runtime_config import RuntimeConfig
 
 
@@ -21,3 +21,8 @@ class LoadScorer:
             w.worker_id: load.active_requests for w, load in zip(candidates, ctx.loads_of(candidates), strict=True)
         }
         return relative(active)
+
+    def values(
+        self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig], figures: Sequence[Figures]
+    ) -> list[float]:
+        return relative_values([f[0] for f in figures])
