@@ -177,6 +177,31 @@ class DisaggPlugin(CustomLogger):
 
     async def async_log_success_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
         self._finished(kwargs, failed=False, call_failed=False)
+        await self._remember_answer(kwargs, response_obj)
+
+    async def _remember_answer(self, kwargs: dict[str, Any], response_obj: Any) -> None:
+        # A chat answer that completed: its segments go into the KV router's token cache (in a worker thread), so
+        # the conversation's next turn only tokenizes its new question (routing/kv/tokenizer.py remember_answer).
+        messages = kwargs.get("messages")
+        answer = _answer_text(response_obj)
+        if not isinstance(messages, list) or not messages or answer is None:
+            return
+        litellm_params = kwargs.get("litellm_params")
+        model_info = litellm_params.get("model_info") if isinstance(litellm_params, dict) else None
+        worker_id = worker_id_of({"model_info": model_info}) if isinstance(model_info, dict) else None
+        if worker_id is None:
+            return
+        fields: dict[str, Any] = {"messages": messages}
+        optional = kwargs.get("optional_params")
+        if isinstance(optional, dict):
+            fields.update({k: optional[k] for k in _RENDER_FIELDS if optional.get(k) is not None})
+        for controller in list(DisaggPlugin._controllers):
+            kv = getattr(controller, "kv", None)
+            if kv is not None:
+                try:
+                    await kv.answered(worker_id, fields, answer)
+                except Exception:  # never let caching fail the proxy's logging
+                    logger.debug("answer not cached", exc_info=True)
 
     async def async_log_failure_event(self, kwargs: dict[str, Any], response_obj: Any, start_time: Any, end_time: Any) -> None:
         # A client's own short deadline running out says nothing about the worker: no failure cooldown for it.
@@ -210,6 +235,19 @@ def _disaggregated_group(model: str) -> bool:
         return any(worker_id_of(d) is not None for d in router.get_model_list(model_name=model) or [])
     except Exception:  # never let the guard fail a request that is not ours
         return False
+
+
+_RENDER_FIELDS = ("tools", "documents", "chat_template_kwargs", "add_special_tokens")
+"""Request fields that change how a chat is rendered and tokenized (``routing/kv/tokenizer.py``)."""
+
+
+def _answer_text(response: object) -> str | None:
+    """The text of a chat completion's one answer (None: no choices, several, or no text)."""
+    choices = getattr(response, "choices", None)
+    if not choices or len(choices) != 1:
+        return None
+    content = getattr(getattr(choices[0], "message", None), "content", None)
+    return content if isinstance(content, str) and content else None
 
 
 def _finish_reason(chunk: object) -> object | None:

@@ -130,3 +130,31 @@ async def test_saturated_prefill_pool_makes_the_decode_worker_prefill(tmp_path):
     finally:
         await plugin.detach()
         await cluster.close()
+
+
+async def test_a_completed_answer_is_handed_to_the_token_cache(tmp_path):
+    """Through a real LiteLLM Router: the success event carries the request's messages, the worker that served it
+    and the answer, which the plugin hands to ``KVRouter.answered`` (the next turn then only tokenizes its question)."""
+    cluster, plugin, router, controller = await routed_stack(tmp_path, {"mode": "never"})
+    calls: list[tuple] = []
+
+    async def answered(worker_id, fields, answer):
+        calls.append((worker_id, fields, answer))
+        return 0
+
+    controller.kv.answered = answered
+    try:
+        await ask(plugin, router, "first question")
+        for _ in range(200):
+            if calls:
+                break
+            await asyncio.sleep(0.01)
+        assert len(calls) == 1, calls
+        worker_id, fields, answer = calls[0]
+        decode = {k for k, v in served(cluster, WorkerRole.DECODE).items() if v}
+        assert {worker_id} == decode
+        assert fields["messages"][-1] == {"role": "user", "content": "first question"}
+        assert isinstance(answer, str) and answer
+    finally:
+        await plugin.detach()
+        await cluster.close()

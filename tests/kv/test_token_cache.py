@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from litellm_disagg.engines.base import Endpoint
 from litellm_disagg.routing.kv.settings import TokenizerSettings
 from litellm_disagg.routing.kv.token_cache import SegmentEncoder, TokenCache
 from litellm_disagg.routing.kv.tokenizer import PromptTokenizer
-from litellm_disagg.engines.base import Endpoint
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -446,3 +446,120 @@ async def test_a_tokenizer_busy_in_a_thread_is_not_waited_for_on_the_event_loop(
     assert prompts.inline_encodes == before  # tokenized in the thread once the lock was free
     assert ticks > 3  # the event loop ran meanwhile
     await prompts.aclose()
+
+
+# -- an answer cached when it completes (remember / remember_answer / KVRouter.answered) --------------------------------
+
+
+def test_missing_is_a_peek() -> None:
+    cache = TokenCache(100)
+    cache.put(1, "a", (1,))
+    stats = (cache.stats.hits, cache.stats.misses, cache.stats.hit_tokens)
+    assert cache.missing(1, ["a", "xyz", "a", "xyz", "q"]) == ["xyz", "q"]
+    assert cache.missing(2, ["a"]) == ["a"]
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.hit_tokens) == stats
+
+
+@pytest.mark.parametrize(("name", "make"), [*qualifying(), ("inst", lambda: bpe_tokenizer(["</s>", "<s>"], INST))])
+def test_remembered_answers_give_the_whole_ids(name: str, make: Any) -> None:
+    """Each answer's segments cached from a render of the history and the answer (as when it completes); the next
+    turn, segment-wise with no safety net, must equal a whole encoding, and encode at most the question's segments."""
+    tokenizer = make()
+    encoder = SegmentEncoder.build(tokenizer, TokenCache(100_000))
+    assert encoder is not None, f"{name} should qualify"
+    encoder.to_verify = 0
+    rng = random.Random(len(name))
+    added = [t.content for t in tokenizer.backend_tokenizer.get_added_tokens_decoder().values()]
+    pieces = WORDS + SPACES + added
+
+    def content(n: int) -> str:
+        return "".join(rng.choice(pieces) + rng.choice(["", " "]) for _ in range(rng.randrange(n)))
+
+    remembered = 0
+    for _ in range(12):
+        messages = [{"role": "user", "content": content(40)}]
+        for _ in range(4):
+            rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            assert encoder.encode(rendered) == whole(tokenizer, rendered), rendered
+            answer = content(30)
+            remembered += encoder.remember(
+                tokenizer.apply_chat_template(
+                    [*messages, {"role": "assistant", "content": answer}], tokenize=False, add_generation_prompt=False
+                )
+            )
+            messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": content(20)}]
+        rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert encoder.encode(rendered) == whole(tokenizer, rendered), rendered
+    assert remembered > 0
+
+
+def test_remember_caches_each_segments_own_ids() -> None:
+    tokenizer = chatml()
+    encoder = SegmentEncoder.build(tokenizer, TokenCache(10_000))
+    assert encoder is not None
+    text = "<|im_start|>user\nthe quick brown fox<|im_end|>\n<|im_start|>assistant\n paged  attention\n<|im_end|>\n"
+    assert encoder.remember(text) == 3  # "<|im_end|>\n" once
+    assert encoder.remember(text) == 0
+    for segment in encoder.split(text):
+        assert list(encoder.cache.get_many(encoder.owner, [segment])[0] or ()) == whole(tokenizer, segment)
+    tokenizer.split_special_tokens = True
+    assert encoder.remember(text + "<|im_start|>user\nKV") == 0  # not usable now: nothing encoded or cached
+
+
+async def test_an_answer_cached_when_it_completes_leaves_only_the_question(
+    tiny_model: Path, tiny_tokenizer: Any
+) -> None:
+    prompts = PromptTokenizer(TokenizerSettings(model_dirs={"tiny": str(tiny_model)}))
+    rng = random.Random(8)
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": sentence(rng, 300)}]
+    assert await prompts.remember_answer(model="tiny", fields={"messages": messages}, answer="x") == 0  # not loaded
+    cache = prompts.token_cache
+    assert cache is not None
+    for _ in range(VERIFY_TURNS):
+        assert await chat(prompts, "tiny", messages) == whole_chat(tiny_tokenizer, messages)
+        answer = sentence(rng, 40)
+        assert await prompts.remember_answer(model="tiny", fields={"messages": messages}, answer=answer) == 1
+        messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": sentence(rng, 20)}]
+        misses = cache.stats.misses
+        assert await chat(prompts, "tiny", messages) == whole_chat(tiny_tokenizer, messages)
+        assert cache.stats.misses - misses == 1  # the question alone
+    fields = {"messages": messages}
+    assert await prompts.remember_answer(model="tiny", fields=fields, answer="") == 0
+    assert await prompts.remember_answer(model="other", fields=fields, answer="ok") == 0
+    assert await prompts.remember_answer(model="tiny", fields={**fields, "chat_template": "{{ 1 }}"}, answer="ok") == 0
+    assert await prompts.remember_answer(model="tiny", fields={"messages": "nope"}, answer="ok") == 0
+    assert await prompts.remember_answer(model="tiny", fields={**fields, "add_special_tokens": True}, answer="ok") == 0
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    assert await prompts.remember_answer(model="tiny", fields={"messages": image}, answer="ok") == 0  # never raises
+    await prompts.aclose()
+    off = PromptTokenizer(TokenizerSettings(model_dirs={"tiny": str(tiny_model)}, cache_answers=False))
+    assert await chat(off, "tiny", messages) == whole_chat(tiny_tokenizer, messages)
+    assert await off.remember_answer(model="tiny", fields=fields, answer="a new answer") == 0
+    await off.aclose()
+
+
+VERIFY_TURNS = 6
+
+
+async def test_the_router_caches_an_answer_for_the_workers_model(tiny_model: Path, tiny_tokenizer: Any) -> None:
+    from litellm_disagg.routing.kv.router import KVRouter
+    from litellm_disagg.routing.kv.settings import KVRoutingSettings
+    from litellm_disagg.routing.pool import WorkerPool
+    from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState
+
+    settings = KVRoutingSettings.model_validate(
+        {"enabled": True, "tokenizer": {"model_dirs": {"tiny": str(tiny_model)}, "http_fallback": False}}
+    )
+    router = KVRouter(settings)
+    worker = RuntimeConfig(
+        worker_id="w0", model="tiny", role=WorkerRole.DECODE, base_url="http://127.0.0.1:1/v1",
+        transfer=VllmNixlTransfer(host="127.0.0.1", port=5600), kv_capacity_blocks=100, block_size=16,
+        state=WorkerState.READY,
+    )  # fmt: skip
+    router.sync(WorkerPool.of([worker]))
+    messages = [{"role": "user", "content": "the quick brown fox"}]
+    assert await chat(router.tokenizer, "tiny", messages) == whole_chat(tiny_tokenizer, messages)
+    assert await router.answered("w0", {"messages": messages}, "paged attention") == 1
+    assert await router.answered("w9", {"messages": messages}, "other") == 0
+    assert await router.answered(None, {"messages": messages}, "other") == 0
+    await router.stop()

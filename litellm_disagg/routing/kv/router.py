@@ -22,7 +22,7 @@ import contextlib
 import logging
 import time
 import zlib
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +84,8 @@ class KVRouter:
         self.decider = DisaggDecider(settings.disaggregation)
         self.tokenizer = PromptTokenizer(settings.tokenizer, client=http_client)
         self._tp_sizes: dict[str, int] = {}
+        self._models: dict[str, str] = {}
+        """Each worker's served model, for ``answered``."""
         self.scraper = LoadScraper(
             interval_s=settings.load.scrape_interval_s,
             timeout_s=settings.load.scrape_timeout_s,
@@ -142,6 +144,7 @@ class KVRouter:
             metrics={w.worker_id: engine_for(w).adapter.metrics for w in pool.workers},
         )
         self._tp_sizes = {w.worker_id: w.tensor_parallel_size for w in pool.workers}
+        self._models = {w.worker_id: w.model for w in pool.workers}
 
     # -- per request --------------------------------------------------------------------------------------------------
 
@@ -155,6 +158,15 @@ class KVRouter:
             model=asked.model, endpoint=request.endpoint, fields=request.fields, worker_url=asked.server_url
         )
         return None if tokens is None else PromptBlocks(tokens)
+
+    async def answered(self, worker_id: str | None, fields: Mapping[str, Any], answer: str) -> int:
+        """A chat request (``fields``) served by ``worker_id`` completed with ``answer``: its segments go into the
+        token cache (``PromptTokenizer.remember_answer``), so the conversation's next turn encodes only its new
+        question. Returns the segments encoded; 0 for a worker not known here."""
+        model = self._models.get(worker_id) if worker_id is not None else None
+        if model is None:
+            return 0
+        return await self.tokenizer.remember_answer(model=model, fields=fields, answer=answer)
 
     def context(self, prompt: PromptBlocks | None, candidates: Sequence[RuntimeConfig]) -> ScoringContext:
         """Cached tokens per candidate (one index query per distinct block size) and their loads."""

@@ -74,6 +74,11 @@ class TokenizerSettings(_Strict):
     0.2 ms of lookups and joining for an 8k-token turn, which holds the GIL in a thread too). Anything larger, a
     tokenizer busy in another thread, or the first prompts of a tokenizer (verified against whole encoding) go to the
     thread as before. 0: always in a thread."""
+    cache_answers: bool = True
+    """When a chat answer completes (the plugin's success hook), render the conversation with it as the next turn
+    will and put the answer's segments into the token cache, in a worker thread: the next turn then encodes only its
+    new question on its critical path. Costs one render and the answer's encoding per completed chat, whether or not
+    a next turn comes. Needs the token cache (``max_cached_tokens`` above 0)."""
 
 
 class LoadSettings(_Strict):

@@ -110,6 +110,12 @@ class TokenCache:
         with self._lock:
             return sum(len(text) for text in texts if (owner, text) not in entries)
 
+    def missing(self, owner: int, texts: Sequence[str]) -> list[str]:
+        """The texts of ``texts`` that are not cached, each once (a peek: no statistics, no change of the LRU order)."""
+        entries = self._entries
+        with self._lock:
+            return list(dict.fromkeys(text for text in texts if (owner, text) not in entries))
+
     def put(self, owner: int, text: str, ids: tuple[int, ...]) -> None:
         if len(ids) > self.max_tokens:
             return
@@ -284,6 +290,24 @@ class SegmentEncoder:
         if self.cache.missing_chars(self.owner, segments) > max_new_chars:
             return None
         return self._encode_segments(segments, use_cache=True)
+
+    def remember(self, text: str) -> int:
+        """Encodes and caches the segments of ``text`` not cached yet, without joining any ids; returns how many.
+
+        For a text that a later prompt will contain: a conversation's history with the assistant's answer appended,
+        rendered when the answer completes, so that the next turn finds the answer's segments cached and encodes
+        only its new question. The ids cached are each segment's own encoding, exactly what ``encode`` would cache
+        for the same segment text (the cache is keyed by that text: a later prompt that renders differently simply
+        does not hit)."""
+        if not self.usable():
+            return 0
+        texts = self.cache.missing(self.owner, self.split(text))
+        if texts:
+            for segment, encoding in zip(
+                texts, self._encode_batch(texts, add_special_tokens=False), strict=True
+            ):
+                self.cache.put(self.owner, segment, tuple(encoding.ids))
+        return len(texts)
 
     def encode_whole(self, text: str) -> list[int]:
         """The reference: the tokenizer's own call, as for any prompt."""

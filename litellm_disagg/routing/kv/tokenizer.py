@@ -41,9 +41,8 @@ from typing import Any
 
 import httpx
 
-from litellm_disagg.http_client import pooled_client
-
 from litellm_disagg.engines.base import Endpoint
+from litellm_disagg.http_client import pooled_client
 from litellm_disagg.routing.kv.settings import TokenizerSettings
 from litellm_disagg.routing.kv.token_cache import SegmentEncoder, TokenCache
 
@@ -141,6 +140,41 @@ class PromptTokenizer:
         if self.settings.http_fallback and worker_url:
             return await self._remote(model, endpoint, fields, worker_url)
         return None
+
+    async def remember_answer(self, *, model: str, fields: Mapping[str, Any], answer: str) -> int:
+        """Puts the segments of a chat's next prompt that hold ``answer`` (the assistant's reply to the chat request
+        ``fields``) into the token cache, so that the conversation's next turn only encodes its new question.
+
+        Called when the answer completes (the plugin's success hook), off any request's critical path: the request's
+        messages and the answer are rendered as the next turn will render them (``add_generation_prompt`` false) and
+        the segments not cached yet are encoded in a worker thread. Only for a model whose tokenizer is loaded and
+        segments (never loads one for this); returns the segments encoded (0: nothing to do, or not possible). Never
+        raises."""
+        loaded = self._loaded.get(model)
+        messages = fields.get("messages")
+        if (
+            not self.settings.cache_answers
+            or loaded is None
+            or loaded.segments is None
+            or not answer
+            or not isinstance(messages, list)
+            or not messages
+            or fields.get("chat_template") is not None
+            or fields.get("continue_final_message")
+        ):
+            return 0
+        follow = {
+            **fields,
+            "messages": [*messages, {"role": "assistant", "content": answer}],
+            "add_generation_prompt": False,
+        }
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(_remember_locked, loaded, follow), timeout=self.settings.timeout_s
+            )
+        except Exception as exc:  # a template error, an unsupported message, a timeout: nothing is cached
+            logger.debug("model %s: answer not cached: %s", model, exc)
+            return 0
 
     async def aclose(self) -> None:
         if self._own_client and self._client is not None:
@@ -276,6 +310,14 @@ def _prompt_chars(endpoint: Endpoint, fields: Mapping[str, Any]) -> int:
 def _encode_locked(loaded: _Loaded, endpoint: Endpoint, fields: Mapping[str, Any]) -> list[int]:
     with loaded.lock:  # a Rust tokenizer shared across threads can fail with "Already borrowed"
         return encode(loaded.tokenizer, endpoint, fields, segments=loaded.segments)
+
+
+def _remember_locked(loaded: _Loaded, fields: Mapping[str, Any]) -> int:
+    with loaded.lock:
+        text, add_special_tokens = _prompt_text(loaded.tokenizer, Endpoint.CHAT, fields)
+        if add_special_tokens or loaded.segments is None:
+            return 0
+        return loaded.segments.remember(text)
 
 
 def encode(
