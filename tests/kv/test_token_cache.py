@@ -369,6 +369,25 @@ def test_missing_chars_is_a_peek() -> None:
     assert cache.get_many(1, ["a", "bb"]) == [None, (2,)]
 
 
+def test_get_mostly_cached_is_missing_chars_then_get_many() -> None:
+    def filled() -> TokenCache:
+        cache = TokenCache(100)
+        for text, ids in (("a", (1,)), ("bb", (2, 3)), ("c", (4,))):
+            cache.put(1, text, ids)
+        return cache
+
+    texts = ["bb", "xyz", "a", "bb", "q"]
+    for limit in (0, 3, 4, 5):
+        one, two = filled(), filled()
+        got = one.get_mostly_cached(1, texts, limit)
+        if two.missing_chars(1, texts) > limit:
+            assert got is None
+            assert (one.stats, list(one._entries)) == (filled().stats, list(filled()._entries))  # nothing changed
+        else:
+            assert got == two.get_many(1, texts)
+            assert (one.stats, list(one._entries)) == (two.stats, list(two._entries))  # same hits, same LRU order
+
+
 def test_encode_cached_only_when_verified_and_mostly_cached() -> None:
     tokenizer = chatml()
     encoder = SegmentEncoder.build(tokenizer, TokenCache(10_000))

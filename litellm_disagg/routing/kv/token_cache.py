@@ -104,6 +104,28 @@ class TokenCache:
                 out.append(found)
         return out
 
+    def get_mostly_cached(
+        self, owner: int, texts: Sequence[str], max_missing_chars: int
+    ) -> list[tuple[int, ...] | None] | None:
+        """``get_many(owner, texts)`` when at most ``max_missing_chars`` characters of ``texts`` are not cached; else
+        None, with nothing changed (no statistics, no change of the LRU order): ``missing_chars`` and ``get_many``
+        in one pass."""
+        entries = self._entries
+        stats = self.stats
+        with self._lock:
+            keys = [(owner, text) for text in texts]
+            found = [entries.get(key) for key in keys]
+            if sum(len(text) for text, ids in zip(texts, found, strict=True) if ids is None) > max_missing_chars:
+                return None
+            for key, ids in zip(keys, found, strict=True):
+                if ids is not None:
+                    entries.move_to_end(key)
+                    stats.hits += 1
+                    stats.hit_tokens += len(ids)
+                else:
+                    stats.misses += 1
+        return found
+
     def missing_chars(self, owner: int, texts: Sequence[str]) -> int:
         """How many characters of ``texts`` are not cached (a peek: no statistics, no change of the LRU order)."""
         entries = self._entries
@@ -287,9 +309,10 @@ class SegmentEncoder:
         if self.to_verify > 0 or not self.usable():
             return None
         segments = self.split(text)
-        if self.cache.missing_chars(self.owner, segments) > max_new_chars:
+        found = self.cache.get_mostly_cached(self.owner, segments, max_new_chars)
+        if found is None:
             return None
-        return self._encode_segments(segments, use_cache=True)
+        return self._encode_segments(segments, use_cache=True, found=found)
 
     def remember(self, text: str) -> int:
         """Encodes and caches the segments of ``text`` not cached yet, without joining any ids; returns how many.
@@ -316,10 +339,13 @@ class SegmentEncoder:
             raise ValueError("tokenizer returned something other than a list of token ids")
         return ids
 
-    def _encode_segments(self, segments: list[str], *, use_cache: bool) -> list[int]:
-        found: list[tuple[int, ...] | None] = (
-            self.cache.get_many(self.owner, segments) if use_cache else [None] * len(segments)
-        )
+    def _encode_segments(
+        self, segments: list[str], *, use_cache: bool, found: list[tuple[int, ...] | None] | None = None
+    ) -> list[int]:
+        """The segments' ids joined: cached ones looked up (``use_cache``; ``found``: already looked up), the
+        others encoded in one batch call and cached."""
+        if found is None:
+            found = self.cache.get_many(self.owner, segments) if use_cache else [None] * len(segments)
         missing = [i for i, ids in enumerate(found) if ids is None]
         if missing:
             encodings = self._encode_batch([segments[i] for i in missing], add_special_tokens=False)
