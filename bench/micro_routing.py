@@ -12,8 +12,10 @@ What it measures (p50 / p99 over many decisions, one process, no network):
 - ``tokenize 1st turn``: a new conversation's first request (every prompt distinct: nothing cached), tokenized with
   the model's tokenizer and chat template in a thread (``KVRouter.prompt``); ``tokenize 2nd turn``: the same
   conversation's next request (its first turn's messages, an answer and a short follow-up), whose earlier messages
-  come from the token cache; each also as ``+decision`` (tokenize, then the decision above for both pools, the
-  index holding the first turn's blocks on a few workers as their KV events would report). With ``--model-dir``
+  come from the token cache, and the answer's too when the plugin's success hook cached it as the answer completed
+  (``KVRouter.answered``, called between the turns, untimed; ``--no-answer-hook`` leaves it out); each also as
+  ``+decision`` (tokenize, then the decision above for both pools, the index holding the first turn's blocks on a
+  few workers as their KV events would report). With ``--model-dir``
   that model's tokenizer; else the tiny test model if it is on disk, else a small BPE built here.
 
 Latencies are wall-clock; ``cpu`` is the CPU time of the same calls (the calling thread's; with tokenization, which
@@ -50,9 +52,8 @@ import msgpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from litellm_disagg.engines.vllm import VLLM
-from litellm_disagg.engines.base import Endpoint  # noqa: E402
-from litellm_disagg.engines.base import BlockRemoved, BlockStored  # noqa: E402
+from litellm_disagg.engines.base import BlockRemoved, BlockStored, Endpoint  # noqa: E402
+from litellm_disagg.engines.vllm import VLLM  # noqa: E402
 from litellm_disagg.engines.vllm.kv_events import decode_message  # noqa: E402
 from litellm_disagg.routing.accounting import FlightKey  # noqa: E402
 from litellm_disagg.routing.kv.block_hash import ROOT, PromptBlocks, chain_hashes  # noqa: E402
@@ -260,7 +261,9 @@ async def bench_decisions(args: argparse.Namespace) -> None:
             n = args.iterations if size == 1024 else max(200, args.iterations // 4)
             prompts = [d[: size - 7] + [rng.randrange(VOCAB) for _ in range(7)] for d in docs]
             decisions(router, pools, configs, prompts, args.block_size, n)
-            await tokenized_decisions(router, pools, configs, tok_dir, size, max(50, n // 10), rng)
+            await tokenized_decisions(
+                router, pools, configs, tok_dir, size, max(50, n // 10), rng, args.no_answer_hook
+            )
         await router.stop()
 
 
@@ -305,6 +308,7 @@ async def tokenized_decisions(
     size: int,
     n: int,
     rng: random.Random,
+    no_answer_hook: bool = False,
 ) -> None:
     """Conversations of about ``size`` tokens: each one's first turn (nothing cached) and second turn (its earlier
     messages cached), tokenization alone and followed by the decision for both pools."""
@@ -332,6 +336,10 @@ async def tokenized_decisions(
         return prompt
 
     cache = getattr(router.tokenizer, "token_cache", None)  # None: no token cache (or code from before it)
+    # The answer's segments cached when it completes (``KVRouter.answered``, the plugin's success hook); absent in
+    # code from before it, or turned off with --no-answer-hook.
+    remember = None if no_answer_hook else getattr(router, "answered", None)
+    answered = 0
     warm = 8  # the first multi-segment prompts of a tokenizer are also encoded whole, as a check: not timed
     first_tok, first_all, second_tok, second_all = Timed(), Timed(), Timed(), Timed()
     hits_before = (cache.stats.hit_tokens, cache.stats.hits, cache.stats.misses) if cache else (0, 0, 0)
@@ -346,6 +354,8 @@ async def tokenized_decisions(
         # The second turn: the first one's messages, the answer, a follow-up question.
         answer = " ".join(rng.choice(words) for _ in range(FOLLOW_UP_TOKENS // 2))
         question = " ".join(rng.choice(words) for _ in range(FOLLOW_UP_TOKENS // 4))
+        if remember is not None:  # the plugin's success hook, when the answer completes (not timed)
+            answered += await remember(decode[0].worker_id, {"messages": history}, answer) > 0
         follow_up = history + [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
         second = await turn(chat(i, follow_up), Timed() if i < 0 else second_tok, Timed() if i < 0 else second_all)
         if i == 0:
@@ -361,6 +371,8 @@ async def tokenized_decisions(
     )
     print(f"  {size:>5} tokens  tokenize 2nd turn + decision {second_all}")
     print(f"  {'':>5}         tokenized on the event loop: {router.tokenizer.inline_encodes} prompts in all")
+    hook = "off" if remember is None else f"{answered} of {n + warm} answers cached when they completed"
+    print(f"  {'':>5}         answer hook: {hook}")
     if cache is not None:
         hit_tokens, hits, misses = (
             cache.stats.hit_tokens - hits_before[0],
@@ -601,6 +613,11 @@ def main() -> None:
         "--tokenize-in-thread",
         action="store_true",
         help="every tokenization in a worker thread (inline_max_new_chars 0), as before a cached next turn ran inline",
+    )
+    parser.add_argument(
+        "--no-answer-hook",
+        action="store_true",
+        help="the first turn's answer is not cached when it completes (KVRouter.answered not called)",
     )
     parser.add_argument("--skip-decisions", action="store_true")
     parser.add_argument("--skip-ingestion", action="store_true")

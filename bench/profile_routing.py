@@ -5,7 +5,8 @@
 - ``decision``: an 8k-token prompt's whole decision over 64 workers (hash, one index query, loads, both pools'
   scoring and pick), tokens given, the index holding 1M blocks;
 - ``tokenize``: a conversation's second turn tokenized through the token cache (the render of the chat template, the
-  split into segments, the cache lookups, the encoding of the new messages), in the calling thread;
+  split into segments, the cache lookups, the encoding of the new question: the answer before it was cached when it
+  completed, as the plugin's success hook does, unless ``--no-answer-hook``), in the calling thread;
 - ``ingest``: vLLM-encoded KV event batches (msgpack bytes as on the wire) decoded and applied to the index.
 
 For each, the functions with the most own time (``tottime``) and their share of the profiled total. cProfile adds a
@@ -94,8 +95,11 @@ def tokenize_workload(args: argparse.Namespace, scratch: Path) -> Callable[[], N
         question = " ".join(rng.choice(words) for _ in range(mr.FOLLOW_UP_TOKENS // 4))
         conversations.append((history, history + [{"role": "assistant", "content": answer},
                                                   {"role": "user", "content": question}]))
-    for first, _ in conversations:  # the first turns: their segments are cached
+    for first, second in conversations:  # the first turns: their segments are cached
         encode(loaded.tokenizer, Endpoint.CHAT, {"messages": first}, segments=loaded.segments)
+        if not args.no_answer_hook:  # and their answers', as the plugin's success hook caches them (remember_answer)
+            answered = loaded.tokenizer.apply_chat_template(second[:-1], tokenize=False, add_generation_prompt=False)
+            loaded.segments.remember(answered)
     turn = iter(range(10**9))
 
     def run() -> None:
@@ -130,6 +134,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=400, help="decisions profiled (a quarter as many tokenizations)")
     parser.add_argument("--top", type=int, default=12)
     parser.add_argument("--what", default="decision,tokenize,ingest")
+    parser.add_argument(
+        "--no-answer-hook", action="store_true", help="tokenize: the first turns' answers are not cached beforehand"
+    )
     args = parser.parse_args()
     what = set(args.what.split(","))
     if "decision" in what:
