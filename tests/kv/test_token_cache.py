@@ -139,10 +139,15 @@ def test_segment_wise_equals_whole_on_random_texts(name: str, make: Any) -> None
     encoder = SegmentEncoder.build(tokenizer, TokenCache(50_000))
     assert encoder is not None, f"{name} should qualify"
     encoder.to_verify = 0  # no safety net: the segment-wise ids themselves are under test
+    fresh = SegmentEncoder.build(tokenizer, TokenCache(50_000))
+    assert fresh is not None
+    fresh.to_verify = 0
     for text in random_texts(tokenizer, 300, seed=len(name)):
         expected = whole(tokenizer, text)
         assert encoder.encode(text) == expected, text
         assert encoder.encode(text) == expected, text  # again, now from the cache
+        # a next turn's path: the new segments one batch call each (several segments new here)
+        assert fresh.encode_cached(text, 10**6) == expected, text
     assert encoder.enabled and encoder.cache.stats.hits > 0
 
 
