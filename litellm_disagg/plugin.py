@@ -30,12 +30,14 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm_disagg import passthrough_guard
 from litellm_disagg.discovery.factory import make_registry
 from litellm_disagg.discovery.registry import Registry
+from litellm_disagg.engines.base import Endpoint
 from litellm_disagg.observability.serve import MetricsServer, serve
 from litellm_disagg.routing.controller import DisaggController
 from litellm_disagg.routing.deployments import worker_id_of
 from litellm_disagg.routing.migration import Migrator, record_client_wants_token_ids
 from litellm_disagg.routing.request import (
     client_set_timeout,
+    endpoint_of,
     record_call_type,
     record_client_timeout,
     strip_transfer_params,
@@ -187,6 +189,10 @@ class DisaggPlugin(CustomLogger):
         if not isinstance(messages, list) or not messages or answer is None:
             return
         litellm_params = kwargs.get("litellm_params")
+        if str(kwargs.get("call_type")) in ("text_completion", "atext_completion") or (
+            isinstance(litellm_params, dict) and endpoint_of(litellm_params) is Endpoint.COMPLETIONS
+        ):
+            return  # a text completion's prompt is no chat: nothing a next turn would render
         model_info = litellm_params.get("model_info") if isinstance(litellm_params, dict) else None
         worker_id = worker_id_of({"model_info": model_info}) if isinstance(model_info, dict) else None
         if worker_id is None:

@@ -8,6 +8,7 @@ import litellm
 
 from litellm_disagg.plugin import DisaggPlugin
 from litellm_disagg.routing.deployments import ID_PREFIX
+from litellm_disagg.routing.request import CALL_TYPE_KEY
 
 
 class FakeKV:
@@ -70,6 +71,13 @@ async def test_a_completed_answer_reaches_the_token_cache() -> None:
             (kwargs_of(messages, worker=None), response("a")),
             (kwargs_of(None), response("a")),
             (kwargs_of(messages), None),
+            ({**kwargs_of(messages), "call_type": "atext_completion"}, response("a")),
+            (
+                {**kwargs_of(messages), "litellm_params": {
+                    "model_info": {"id": f"{ID_PREFIX}w1"}, "metadata": {CALL_TYPE_KEY: "text_completion"}
+                }},
+                response("a"),
+            ),
         ):
             await plugin.async_log_success_event(kwargs, answer, None, None)
         assert len(kv.calls) == 1
