@@ -2,7 +2,9 @@ import importlib.util
 import os
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # offline: never fetch the cost map
-import os
+# Every process a test starts (proxies, workers, engines) prints its Python stacks if it dies of a fatal signal, into
+# the log the test keeps: a CI run (2026-12-02) lost a proxy to a segfault with nothing in its log.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 from pathlib import Path
 
 import pytest
