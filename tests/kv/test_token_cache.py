@@ -146,7 +146,7 @@ def test_segment_wise_equals_whole_on_random_texts(name: str, make: Any) -> None
         expected = whole(tokenizer, text)
         assert encoder.encode(text) == expected, text
         assert encoder.encode(text) == expected, text  # again, now from the cache
-        # a next turn's path: the new segments one batch call each (several segments new here)
+        # a next turn's path (get_mostly_cached, then the new segments encoded)
         assert fresh.encode_cached(text, 10**6) == expected, text
     assert encoder.enabled and encoder.cache.stats.hits > 0
 

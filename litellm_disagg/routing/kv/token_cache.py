@@ -225,11 +225,9 @@ class SegmentEncoder:
             whole = self.encode_whole(text)  # first: the tokenizer's own call also resets truncation and padding
             if not self.usable():
                 return "the tokenizer truncates, pads or splits special tokens"
-            segments = self.split(text)
-            for serial in (False, True):
-                if self._encode_segments(segments, use_cache=False, serial=serial) != whole:
-                    how = "one at a time" if serial else "in one batch"
-                    return f"probe {text[:60]!r}...: segment-wise ids ({how}) differ from whole encoding"
+            segmented = self._encode_segments(self.split(text), use_cache=False)
+            if segmented != whole:
+                return f"probe {text[:60]!r}...: segment-wise ids differ from whole encoding"
         return None
 
     def _probe_texts(self) -> list[str]:
@@ -307,17 +305,16 @@ class SegmentEncoder:
 
         Cheap: segmenting usable, this tokenizer's first prompts already verified against whole encoding, and at most
         ``max_new_chars`` of the text's segments not in the cache (a conversation's next turn: its new messages).
-        The ids are ``encode``'s: the same segments through the same cache. The few new segments are encoded one
-        batch call each (``serial``): ``tokenizers`` encodes a batch of one in the calling thread, while a batch of
-        several goes to its thread pool, whose threads cost several times the work in CPU (waking up, then spinning
-        idle: 167 µs of process CPU for two short messages against 39 µs for one, measured)."""
+        The ids are ``encode``'s: the same segments through the same cache. (``tokenizers`` encodes a batch of one
+        in the calling thread and a batch of several on its thread pool; encoding a turn's two new messages one call
+        each instead cost the same process CPU in the micro-benchmark and more wall time: not done.)"""
         if self.to_verify > 0 or not self.usable():
             return None
         segments = self.split(text)
         found = self.cache.get_mostly_cached(self.owner, segments, max_new_chars)
         if found is None:
             return None
-        return self._encode_segments(segments, use_cache=True, found=found, serial=True)
+        return self._encode_segments(segments, use_cache=True, found=found)
 
     def remember(self, text: str) -> int:
         """Encodes and caches the segments of ``text`` not cached yet, without joining any ids; returns how many.
@@ -330,8 +327,9 @@ class SegmentEncoder:
         if not self.usable():
             return 0
         texts = self.cache.missing(self.owner, self.split(text))
-        for segment in texts:  # one at a time: in this thread, not on the tokenizers' thread pool (see encode_cached)
-            self.cache.put(self.owner, segment, tuple(self._encode_batch([segment], add_special_tokens=False)[0].ids))
+        if texts:
+            for segment, encoding in zip(texts, self._encode_batch(texts, add_special_tokens=False), strict=True):
+                self.cache.put(self.owner, segment, tuple(encoding.ids))
         return len(texts)
 
     def encode_whole(self, text: str) -> list[int]:
@@ -347,20 +345,14 @@ class SegmentEncoder:
         *,
         use_cache: bool,
         found: list[tuple[int, ...] | None] | None = None,
-        serial: bool = False,
     ) -> list[int]:
         """The segments' ids joined: cached ones looked up (``use_cache``; ``found``: already looked up), the
-        others encoded (in one batch call, or ``serial``: one batch call each) and cached."""
+        others encoded in one batch call and cached."""
         if found is None:
             found = self.cache.get_many(self.owner, segments) if use_cache else [None] * len(segments)
         missing = [i for i, ids in enumerate(found) if ids is None]
         if missing:
-            texts = [segments[i] for i in missing]
-            encodings = (
-                [self._encode_batch([t], add_special_tokens=False)[0] for t in texts]
-                if serial
-                else self._encode_batch(texts, add_special_tokens=False)
-            )
+            encodings = self._encode_batch([segments[i] for i in missing], add_special_tokens=False)
             for i, encoding in zip(missing, encodings, strict=True):
                 fresh = tuple(encoding.ids)
                 found[i] = fresh
