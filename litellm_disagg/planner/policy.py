@@ -27,8 +27,13 @@ How it decides, per served model, at every step:
    ============== ======================================================== =================================
    condition      when                                                     move
    ============== ======================================================== =================================
+   mixing_costly  ``both`` workers beside prefill or decode workers, ITL    every ``both`` worker (up to
+                  > 1 while the decode side's capacity terms (occupancy,    ``max_moves_per_step``) -> prefill;
+                  KV) are under ``headroom``, prefill >= ``aggregate_below``  -> decode when no decode worker would
+                                                                           pull from them or the decode side's
+                                                                           capacity terms would reach ``headroom``
    overloaded     a side is above 1 and the other has no headroom          none (desired sizes grow that side)
-   prefill_bound  prefill > 1, decode < ``headroom``                       decode, then both -> prefill; none
+   prefill_bound  prefill > 1, decode < ``headroom``                       both, then decode -> prefill; none
                                                                            while the queue wait is known, under
                                                                            ``aggregate_below`` and not trending
                                                                            past the SLO (the window holds a past
@@ -53,7 +58,15 @@ How it decides, per served model, at every step:
    low load is split again only when a side actually misses its SLO. ``low_load`` and ``transfer_costly`` are the
    "disaggregation does not pay" cases (Dynamo's own notes: it loses at low concurrency, and when the transfer eats
    the TTFT budget); ``decode_bound`` driven by KV is the third (prefill workers' KV sits idle while decodes queue).
-   The moves to ``both`` are taken only with ``allow_aggregated``.
+   The moves to ``both`` are taken only with ``allow_aggregated``. ``mixing_costly`` is the way back: "aggregation
+   does not pay". A ``both`` worker mixes prefill chunks into its decode steps; while prompts keep arriving (prefill
+   busy) and the decode side's batches and KV are far from full, an ITL over its SLO is those mixed steps, not decode
+   work, so the answer is to split the ``both`` workers again, not to take prefill workers for decode (which leaves
+   more prompts to the ``both`` workers and stretches the ITL further). It is checked first: an ITL breach beside
+   a prefill pressure over 1 is the same mixing (the ``both`` workers' prefill runs at a fraction of a prefill
+   worker's rate), not an overload. For the same reason ``prefill_bound`` splits ``both`` workers before it takes
+   decode workers. In an all-``both`` layout there is nothing to split back into (a prefill worker beside only
+   ``both`` workers gets no prompts: they serve theirs locally), so the rows below decide there.
 
 3. **Hysteresis in time**: the same condition must hold ``hysteresis_steps`` consecutive steps; after a move the
    count starts again, so each further move needs fresh evidence (the latency window then shows the new layout).
@@ -66,10 +79,15 @@ How it decides, per served model, at every step:
    serves (``WorkerSignals.servable_roles``, from the published ``allowed_roles``); draining or starting workers
    are in no pool and never moved; no move until ``window_s`` after the model's last move (the latency windows
    still hold the old layout's requests: acting on them overshoots), except for a queue-driven ``prefill_bound``
-   (3.) after a move toward prefill (its samples postdate that move's flips). Moves per step: ``wanted_moves``
+   (3.) after a move toward prefill or a ``low_load`` move (its samples postdate that move's flips). A ``both``
+   worker split back (``mixing_costly``, ``prefill_bound``) skips its cooldown (``splits_back``: it went to ``both``
+   under ``aggregate_below`` and leaves on a pressure over 1, that band is the hysteresis; the move back to ``both``
+   keeps its cooldown). For ``window_s`` after ``mixing_costly`` split the last ``both`` worker, the ITL window
+   holds the mixed layout's requests and is left out of the decode pressure (``without_itl``). Moves per step:
+   ``wanted_moves``
    (``prefill_bound`` with a measured trend: the shortfall, workers needed by the demand minus the pool; otherwise
    in proportion to how far the pressed side is over its SLO; all up to ``max_moves_per_step`` when idle prefill
-   workers go to ``both``). Among candidates the
+   workers go to ``both``, and every ``both`` worker for ``mixing_costly``: each of them mixes). Among candidates the
    least busy goes first (fewest running, then waiting requests, then worker id: deterministic).
 
 5. **Desired pool sizes** (for an external autoscaler): the layout after this step's moves; plus one worker on the
@@ -79,15 +97,15 @@ How it decides, per served model, at every step:
    the next removal then needs ``hysteresis_steps`` fresh steps).
 
 The state the planner keeps: per model the current condition's streak, the scale-down streak, the worker named to
-drain, the last move (time, condition) and the prefill queue's samples since the serving layout changed; per worker
-the time of its last move. Everything else is a function of ``signals`` and ``now``.
+drain, the last move (time, condition), the last ``mixing_costly`` split and the prefill queue's samples since the
+serving layout changed; per worker the time of its last move. Everything else is a function of ``signals`` and ``now``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from litellm_disagg.planner.settings import PlannerSettings
@@ -97,6 +115,7 @@ from litellm_disagg.runtime_config import WorkerRole
 
 
 class Condition(StrEnum):
+    MIXING_COSTLY = "mixing_costly"
     OVERLOADED = "overloaded"
     PREFILL_BOUND = "prefill_bound"
     DECODE_BOUND = "decode_bound"
@@ -228,6 +247,9 @@ class _ModelState:
     """When this model's last move was decided (the latency windows before ``last_move_at + window_s`` still hold
     requests served by the old layout)."""
     last_move_condition: Condition | None = None
+    split_at: float | None = None
+    """When ``mixing_costly`` last split ``both`` workers (the ITL window before ``split_at + window_s`` holds their
+    mixed steps)."""
     queue: QueueHistory = field(default_factory=QueueHistory)
     """The prefill queue's samples since the serving layout last changed (its growth: ``trend.py``)."""
 
@@ -276,8 +298,32 @@ def pressures(model: ModelSignals, settings: PlannerSettings, trend: QueueTrend 
                      transfer_share, prefill_time_ratio, trend_ratio, needed)
 
 
-def condition_of(p: Pressures, settings: PlannerSettings, *, disaggregated: bool) -> Condition:
-    """The first condition that holds (module docstring, step 2). ``disaggregated``: some worker is not ``both``."""
+def mixing_costly(p: Pressures, settings: PlannerSettings) -> bool:
+    """Whether ``both`` workers' mixed steps are what breaks the ITL SLO: the ITL is over it while the decode side's
+    capacity terms (batch occupancy, KV usage) are under ``headroom`` (its batches are not what stretches the steps)
+    and the prefill side is busy (pressure >= ``aggregate_below``: prompts keep arriving to be mixed in). Only
+    meaningful with ``both`` workers serving (``condition_of``)."""
+    capacity = max(p.occupancy_ratio or 0.0, p.kv_ratio or 0.0)
+    return ((p.itl_ratio or 0.0) > 1.0 and capacity < settings.headroom
+            and p.prefill >= settings.aggregate_below)
+
+
+def without_itl(p: Pressures) -> Pressures:
+    """``p`` with its ITL term dropped (unknown): the decode pressure from batch occupancy and KV alone. For an ITL
+    window that holds the mixed steps of ``both`` workers split since (``mixing_costly``): it describes a layout that
+    no longer serves, and would read as an overload that blocks the prefill moves the split layout needs."""
+    terms = [(DecodeDriver.OCCUPANCY, p.occupancy_ratio), (DecodeDriver.KV, p.kv_ratio)]
+    known = [(driver, r) for driver, r in terms if r is not None]
+    driver, decode = max(known, key=lambda t: t[1]) if known else (DecodeDriver.NONE, 0.0)
+    return replace(p, decode=decode, decode_driver=driver if decode > 0.0 else DecodeDriver.NONE, itl_ratio=None)
+
+
+def condition_of(p: Pressures, settings: PlannerSettings, *, disaggregated: bool,
+                 aggregated_workers: bool = False) -> Condition:
+    """The first condition that holds (module docstring, step 2). ``disaggregated``: some worker is not ``both``;
+    ``aggregated_workers``: some worker is ``both``."""
+    if aggregated_workers and disaggregated and mixing_costly(p, settings):
+        return Condition.MIXING_COSTLY
     if p.prefill > 1.0 and p.decode > 1.0:
         return Condition.OVERLOADED
     if p.prefill > 1.0:
@@ -337,11 +383,12 @@ def decode_misses(p: Pressures, settings: PlannerSettings) -> bool:
 
 
 def _routes(condition: Condition, p: Pressures, settings: PlannerSettings) -> list[tuple[WorkerRole, WorkerRole]]:
-    """(from, to) role pairs to try, in order, for a condition that asks for a move."""
+    """(from, to) role pairs to try, in order, for a condition that asks for a move (``mixing_costly``:
+    ``split_routes``)."""
     if condition is Condition.PREFILL_BOUND:
         if queue_keeps_up(p, settings):
             return []
-        return [(WorkerRole.DECODE, WorkerRole.PREFILL), (WorkerRole.BOTH, WorkerRole.PREFILL)]
+        return [(WorkerRole.BOTH, WorkerRole.PREFILL), (WorkerRole.DECODE, WorkerRole.PREFILL)]
     if condition is Condition.DECODE_BOUND:
         if settings.allow_aggregated and p.prefill < settings.aggregate_below:
             # prefill is nearly idle: its workers join the decode side and still prefill (short prompts ride on
@@ -360,6 +407,26 @@ def _routes(condition: Condition, p: Pressures, settings: PlannerSettings) -> li
     return []
 
 
+def split_routes(p: Pressures, model: ModelSignals, settings: PlannerSettings) -> list[tuple[WorkerRole, WorkerRole]]:
+    """Where ``mixing_costly`` sends the ``both`` workers: to prefill (full-rate prefill, no more mixed steps) while
+    the decode side's capacity terms, on the decode pool one worker smaller, stay under ``headroom``; otherwise to
+    decode (the decode side needs the worker's batch slots and KV, the prefill side keeps the prefill workers)."""
+    capacity = max(p.occupancy_ratio or 0.0, p.kv_ratio or 0.0)
+    size = model.decode_pool.size
+    if model.with_role(WorkerRole.DECODE) and size > 1 and capacity * size / (size - 1) < settings.headroom:
+        return [(WorkerRole.BOTH, WorkerRole.PREFILL)]
+    return [(WorkerRole.BOTH, WorkerRole.DECODE)]
+
+
+def splits_back(src: WorkerRole, condition: Condition) -> bool:
+    """Whether a move out of ``both`` for ``condition`` may skip the cooldown: a ``both`` worker was moved there
+    with both pressures under ``aggregate_below`` (or prefill under it), and it is split back only on a side over
+    its SLO (``mixing_costly``: the ITL; ``prefill_bound``: prefill). That band is the hysteresis; the cooldown would
+    only keep a layout the signals already refute (a ramp whose light first seconds sent prefill workers to
+    ``both``). It cannot flap: the move back into ``both`` keeps its cooldown."""
+    return src is WorkerRole.BOTH and condition in (Condition.MIXING_COSTLY, Condition.PREFILL_BOUND)
+
+
 def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settings: PlannerSettings) -> int:
     """How many workers to move this step (module docstring, step 4). ``prefill_bound`` with a measured queue
     trend: the shortfall, ``prefill_needed - pool size`` (the decode side may then fill up to 1.0, not just
@@ -367,7 +434,8 @@ def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settin
     over its SLO, ``ceil(pool size x (pressure - 1) / 4)`` (a latency ratio overstates the capacity missing; the next
     step's fresh evidence asks for the rest; fewer when the decode side would lose its headroom), at least 1, at most ``max_moves_per_step``. When the moves go to ``both`` because
     prefill is nearly idle (``low_load``, ``decode_bound`` under ``aggregate_below``), ``max_moves_per_step``: those
-    workers' prefill capacity is wasted, and a ``both`` worker still prefills. ``transfer_costly`` moves one."""
+    workers' prefill capacity is wasted, and a ``both`` worker still prefills. ``mixing_costly``: every ``both``
+    worker (each one mixes), fewer when the decode side would lose its headroom. ``transfer_costly`` moves one."""
     cap = settings.max_moves_per_step
     if condition is Condition.LOW_LOAD or (condition is Condition.DECODE_BOUND and settings.allow_aggregated
                                            and p.prefill < settings.aggregate_below):
@@ -380,9 +448,16 @@ def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settin
     elif condition is Condition.DECODE_BOUND:
         pressure, size = p.decode, model.decode_pool.size
         source, source_size = 0.0, model.prefill_pool.size
+    elif condition is Condition.MIXING_COSTLY:
+        # every ``both`` worker mixes; moves to prefill take the decode side's capacity with them, so they stop
+        # before its capacity terms would reach ``headroom``
+        pressure, size = p.itl_ratio or 0.0, len(model.with_role(WorkerRole.BOTH))
+        source, source_size = max(p.occupancy_ratio or 0.0, p.kv_ratio or 0.0), model.decode_pool.size
     else:
         return 1
-    if condition is Condition.PREFILL_BOUND and p.prefill_needed is not None:
+    if condition is Condition.MIXING_COSTLY:
+        wanted = max(1, min(cap, size))
+    elif condition is Condition.PREFILL_BOUND and p.prefill_needed is not None:
         # the measured demand says how many workers the pool is short (trend.py); a latency ratio does not
         wanted = max(1, min(cap, p.prefill_needed - size))
     else:
@@ -392,6 +467,12 @@ def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settin
     while wanted > 1 and source_size - wanted > 0 and source * source_size / (source_size - wanted) >= limit:
         wanted -= 1
     return wanted
+
+
+_QUEUE_SETTLES = (Condition.PREFILL_BOUND, Condition.MIXING_COSTLY, Condition.LOW_LOAD)
+"""Last-move conditions after which a queue-driven ``prefill_bound`` needs no settling window: moves toward prefill
+(``prefill_bound``; ``mixing_costly``'s splits) and the ``low_load`` moves to ``both`` that a rising queue refutes.
+The queue's samples postdate those moves' flips (``trend.py``), so they are fresh evidence of the layout serving."""
 
 
 class Planner:
@@ -420,7 +501,10 @@ class Planner:
         p = pressures(model, s, trend)
         active = model.active
         current = _layout(model.model, active)
-        condition = condition_of(p, s, disaggregated=current.prefill + current.decode > 0)
+        if state.split_at is not None and now - state.split_at < s.window_s and current.both == 0:
+            p = without_itl(p)
+        condition = condition_of(p, s, disaggregated=current.prefill + current.decode > 0,
+                                 aggregated_workers=current.both > 0)
         state.streak = state.streak + 1 if condition is state.condition else 1
         state.condition = condition
         streak = state.streak
@@ -429,7 +513,7 @@ class Planner:
         held: str | None = None
         no_candidate = False
         layout = current
-        routes = _routes(condition, p, s)
+        routes = split_routes(p, model, s) if condition is Condition.MIXING_COSTLY else _routes(condition, p, s)
         if condition is Condition.DECODE_BOUND and not routes:
             held = "decode full, latencies within their SLOs: prefill is busy, nothing to move"
         elif condition is Condition.PREFILL_BOUND and not routes:
@@ -445,7 +529,7 @@ class Planner:
             elif model.flipping:
                 held = "flip in progress: " + ",".join(sorted(w.worker_id for w in model.flipping))
             elif (state.last_move_at is not None and now - state.last_move_at < s.window_s
-                  and not (queue_driven and state.last_move_condition is Condition.PREFILL_BOUND)):
+                  and not (queue_driven and state.last_move_condition in _QUEUE_SETTLES)):
                 held = f"settling: the latency window predates the last move ({now - state.last_move_at:.1f} s ago)"
             else:
                 limit = wanted_moves(condition, p, model, s)
@@ -454,6 +538,8 @@ class Planner:
                     state.streak = 0
                     state.last_move_at = now
                     state.last_move_condition = condition
+                    if condition is Condition.MIXING_COSTLY:
+                        state.split_at = now
         moved = {m.worker_id for m in moves}
         desired, drain = self._desired(model, p, condition, layout, no_candidate, state, moved)
         return ModelDecision(model.model, condition, streak, p, tuple(moves), desired, current, drain, held)
@@ -478,7 +564,7 @@ class Planner:
                     continue
                 any_candidate = True
                 last = self._state.last_move.get(worker.worker_id)
-                if last is not None and now - last < s.cooldown_s:
+                if last is not None and now - last < s.cooldown_s and not splits_back(src, condition):
                     blocked.add("cooldown")
                     continue
                 moves.append(RoleMove(worker.worker_id, model.model, src, dst, condition))
