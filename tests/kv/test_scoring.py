@@ -247,8 +247,7 @@ def test_selection_equals_its_first_definition() -> None:
         cost = CostWeights(prefill=rng.choice([0.0, 1.0]), decode=rng.choice([0.0, 1.0]), active=rng.random())
         profile = ProfileSettings(weights=weights, cost=cost)  # type: ignore[arg-type]
         candidates = rng.sample(pool, rng.randrange(1, 12))
-        if round_ % 10 == 0:
-            candidates.append(candidates[0])  # a duplicate candidate counts twice, as it always did
+        listed = candidates + candidates[:1] if round_ % 10 == 0 else candidates  # a worker listed twice: one candidate
         loads = [
             load(
                 w.worker_id,
@@ -266,7 +265,7 @@ def test_selection_equals_its_first_definition() -> None:
         cached = {w.worker_id: rng.choice([0, 48, 4096, 9999]) for w in candidates[1::2]}
         context = ctx(prompt, cached, *loads)
         seed = rng.random()
-        got = Pipeline(profile, rng=random.Random(seed)).select(context, candidates)
+        got = Pipeline(profile, rng=random.Random(seed)).select(context, listed)
         expected = reference_select(profile, context, candidates, random.Random(seed))
         scores = {name: {wid: b.scores[name] for wid, b in got.breakdown.items()} for name in got.scores}
         costs = None if got.costs is None else dict(got.costs)
@@ -282,11 +281,46 @@ def test_usable_cached_tokens_equals_its_min_definition() -> None:
                 assert usable_cached_tokens(blocks, block_size, prompt) == expected
 
 
+def select_by_id(pipeline: Pipeline, ctx: ScoringContext, candidates: list):  # type: ignore[no-untyped-def,type-arg]
+    """``Pipeline.select`` as it was before its scores became lists (by worker id, each scorer's ``score``, each
+    load's figures computed where they are read): (worker, how, totals, scores, costs, over_bound)."""
+    from litellm_disagg.routing.pipeline.bounded_load import within_bound
+    from litellm_disagg.routing.pipeline.scorers import KVCostScorer
+
+    ids = [w.worker_id for w in candidates]
+    totals = dict.fromkeys(ids, 0.0)
+    scores: dict[str, dict[str, float]] = {}
+    costs = None
+    for scorer, weight in pipeline.scorers:
+        if isinstance(scorer, KVCostScorer):
+            costs = scorer.costs(ctx, candidates)
+            values = scorer.scores_of(costs)
+        else:
+            values = scorer.score(ctx, candidates)
+        clamped = {}
+        for wid in ids:
+            value = values.get(wid, 0.0)
+            clamped[wid] = value if 0.0 <= value <= 1.0 else 1.0 if value > 1.0 else 0.0
+            totals[wid] += weight * clamped[wid]
+        scores[scorer.name] = clamped
+    bounded, over = pipeline.profile.bounded_load, frozenset()
+    if bounded is None or len(candidates) == 1:
+        worker, how = pipeline.picker.pick(ctx, candidates, totals)
+    else:
+        active = None if costs is None else [costs[wid].active_requests for wid in ids]
+        eligible, over = within_bound(ctx, candidates, bounded, active)
+        if not over:
+            worker, how = pipeline.picker.pick(ctx, candidates, totals)
+        else:
+            worker, how = pipeline.picker.pick(ctx, eligible, {w.worker_id: totals[w.worker_id] for w in eligible})
+    return worker.worker_id if worker else None, how, totals, scores, costs, over
+
+
 def test_list_path_equals_the_by_id_path() -> None:
-    """``Pipeline.select`` over distinct candidates (scores as lists, each load's figures computed once, precomputed
-    or not) against ``_select_by_id`` (by worker id, the code it replaced): every scorer, bounded load, both
-    tie-breaks, temperature, live sessions; the same winner, how, totals (in order), scores, costs, bound, breakdown,
-    ranking, and the same RNG and rotation state after a run of selections."""
+    """``Pipeline.select`` (scores as lists, each load's figures computed once, precomputed or not) against
+    ``select_by_id`` (by worker id, the code it replaced): every scorer, bounded load, both tie-breaks, temperature,
+    live sessions; the same winner, how, totals (in order), scores, costs and bound, a breakdown consistent with
+    them, and the same RNG and rotation state after a run of selections."""
     from litellm_disagg.routing.pipeline.context import figures
     from litellm_disagg.routing.pipeline.profile import BoundedLoadSettings, SessionSettings
 
@@ -334,13 +368,16 @@ def test_list_path_equals_the_by_id_path() -> None:
                 precomputed = {wid: figures(x) for wid, x in loads.items() if given == "all" or rng.random() < 0.5}
             context = ScoringContext(prompt, cached, loads, live, figures=precomputed)
             got = fast.select(context, candidates)
-            want = slow._select_by_id(context, candidates, [w.worker_id for w in candidates])
-            assert (got.worker_id, got.how, got.over_bound) == (want.worker_id, want.how, want.over_bound)
-            assert got.totals == want.totals and list(got.totals) == list(want.totals)
-            assert got.scores == want.scores and got.costs == want.costs
-            assert got.breakdown == want.breakdown and got.ranking() == want.ranking()
+            worker_id, how, totals, scores, costs, over = select_by_id(slow, context, candidates)
+            assert (got.worker_id, got.how, got.over_bound) == (worker_id, how, over)
+            assert got.totals == totals and list(got.totals) == list(totals)
+            assert got.scores == scores and got.costs == costs
+            for wid, b in got.breakdown.items():
+                assert b.total == totals[wid] and b.scores == {name: scores[name][wid] for name in scores}
+                assert b.cost == (None if costs is None else costs[wid])
+                assert b.cached_tokens == context.cached(wid)
             fresh = fast.select(context, candidates)  # details read before the whole breakdown is built
-            assert all(fresh.detail(wid) == want.detail(wid) for wid in want.totals)
-            slow._select_by_id(context, candidates, [w.worker_id for w in candidates])  # keep the two in step
+            assert all(fresh.detail(wid) == got.breakdown[wid] for wid in totals)
+            select_by_id(slow, context, candidates)  # keep the two in step
         assert fast.picker.rng.getstate() == slow.picker.rng.getstate()
         assert next(fast.picker._turn) == next(slow.picker._turn)

@@ -10,7 +10,6 @@ you pick"; recording the choice is the caller's next step.
 
 from __future__ import annotations
 
-import itertools
 import random
 from collections.abc import Sequence
 
@@ -20,12 +19,9 @@ from litellm_disagg.routing.pipeline.picker import Picker
 from litellm_disagg.routing.pipeline.profile import ProfileSettings
 from litellm_disagg.routing.pipeline.scorers import KVCostScorer, Scorer, make_scorer
 from litellm_disagg.routing.pipeline.scorers.base import relative_values
-from litellm_disagg.routing.pipeline.scorers.kv_cost import CostColumns, CostTerms
+from litellm_disagg.routing.pipeline.scorers.kv_cost import CostColumns
 from litellm_disagg.routing.pipeline.selection import Selection
 from litellm_disagg.runtime_config import RuntimeConfig
-
-_ZEROS = itertools.repeat(0.0)
-"""The default of every ``values.get`` (an endless iterator: ``map`` stops with the worker ids)."""
 
 
 class Pipeline:
@@ -41,11 +37,14 @@ class Pipeline:
         if not candidates:
             return Selection(None, "none")
         ids = [w.worker_id for w in candidates]
-        if len(set(ids)) != len(ids):
-            return self._select_by_id(ctx, candidates, ids)
-        # Distinct candidates (always, from the route planner): every scorer's values as a list in candidate order,
-        # from each worker's load figures computed once per snapshot (``ctx.figures_of``). The same values, clamped
-        # and summed in the same order as ``_select_by_id`` (tests/kv/test_scoring.py compares them).
+        if len(set(ids)) != len(ids):  # a worker listed twice is one candidate (the route planner's never repeat)
+            first: dict[str, RuntimeConfig] = {}
+            for w in candidates:
+                first.setdefault(w.worker_id, w)
+            candidates = list(first.values())
+            ids = [w.worker_id for w in candidates]
+        # Every scorer's values as a list in candidate order, from each worker's load figures computed once per
+        # snapshot (``ctx.figures_of``); tests/kv/test_scoring.py holds them equal to a by-worker-id reference.
         figures = ctx.figures_of(candidates)
         totals_l = [0.0] * len(ids)
         columns: dict[str, list[float]] = {}
@@ -74,33 +73,3 @@ class Pipeline:
         else:
             worker, how = self.picker.pick(ctx, eligible, {w.worker_id: totals[w.worker_id] for w in eligible})
         return Selection(worker, how, totals, ctx=ctx, columns=table, over_bound=over)
-
-    def _select_by_id(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig], ids: list[str]) -> Selection:
-        """``select`` by worker id: any scorer, and a candidate listed twice counts twice (as it always did)."""
-        totals = dict.fromkeys(ids, 0.0)
-        scores: dict[str, dict[str, float]] = {}
-        costs: dict[str, CostTerms] | None = None
-        for scorer, weight in self.scorers:
-            if isinstance(scorer, KVCostScorer):  # keep the cost terms for the breakdown; compute them once
-                costs = scorer.costs(ctx, candidates)
-                values = scorer.scores_of(costs)
-            else:
-                values = scorer.score(ctx, candidates)
-            clamped: dict[str, float] = {}
-            for wid, value in zip(ids, map(values.get, ids, _ZEROS), strict=False):
-                if not 0.0 <= value <= 1.0:
-                    value = 1.0 if value > 1.0 else 0.0  # NaN -> 0
-                clamped[wid] = value
-                totals[wid] += weight * value
-            scores[scorer.name] = clamped
-        bounded = self.profile.bounded_load
-        if bounded is None or len(candidates) == 1:
-            worker, how = self.picker.pick(ctx, candidates, totals)
-            return Selection(worker, how, totals, scores=scores, ctx=ctx, costs=costs)
-        active = None if costs is None else [costs[wid].active_requests for wid in ids]
-        eligible, over = within_bound(ctx, candidates, bounded, active)
-        if not over:
-            worker, how = self.picker.pick(ctx, candidates, totals)
-        else:
-            worker, how = self.picker.pick(ctx, eligible, {w.worker_id: totals[w.worker_id] for w in eligible})
-        return Selection(worker, how, totals, scores=scores, ctx=ctx, costs=costs, over_bound=over)

@@ -50,28 +50,21 @@ class Selection:
         how: How,
         totals: dict[str, float] | None = None,
         *,
-        scores: dict[str, dict[str, float]] | None = None,
         ctx: ScoringContext | None = None,
-        costs: dict[str, CostTerms] | None = None,
         over_bound: frozenset[str] = frozenset(),
         columns: tuple[list[str], dict[str, list[float]], CostColumns | None] | None = None,
     ):
-        """``scores`` and ``costs`` by worker id, or ``columns``: the distinct candidates' ids, each scorer's scores
-        and the cost terms as lists in the same order (made into ``scores`` and ``costs`` only when asked)."""
+        """``columns``: the distinct candidates' ids, each scorer's scores and the cost terms as lists in the same
+        order (made into ``scores`` and ``costs`` by worker id only when asked)."""
         self.worker = worker
         self.how = how
         self.totals = totals or {}
         """Weighted total per candidate."""
-        self._scores: dict[str, dict[str, float]] | None = scores or {}
         self._ctx = ctx
-        self._costs = costs
-        self._ids: list[str] | None = None
-        self._columns: dict[str, list[float]] = {}
-        self._cost_columns: CostColumns | None = None
+        self._ids, self._columns, self._cost_columns = columns if columns is not None else ([], {}, None)
+        self._scores: dict[str, dict[str, float]] | None = None
+        self._costs: dict[str, CostTerms] | None = None
         self._position: dict[str, int] | None = None
-        if columns is not None:
-            self._ids, self._columns, self._cost_columns = columns
-            self._scores = None
         self._breakdown: dict[str, WorkerBreakdown] | None = None
         self.over_bound = over_bound
         """Candidates the profile's bounded load kept from being chosen (``bounded_load.py``)."""
@@ -84,7 +77,7 @@ class Selection:
     def scores(self) -> dict[str, dict[str, float]]:
         """Each scorer's score (clamped, before its weight) per candidate."""
         if self._scores is None:
-            ids = self._ids or []
+            ids = self._ids
             self._scores = {name: dict(zip(ids, values, strict=True)) for name, values in self._columns.items()}
         return self._scores
 
@@ -95,23 +88,19 @@ class Selection:
             make = tuple.__new__
             self._costs = {
                 wid: make(CostTerms, terms)
-                for wid, terms in zip(self._ids or [], zip(*self._cost_columns, strict=True), strict=True)
+                for wid, terms in zip(self._ids, zip(*self._cost_columns, strict=True), strict=True)
             }
         return self._costs
 
     def detail(self, worker_id: str) -> WorkerBreakdown:
         """One candidate's breakdown."""
         ctx = self._ctx
-        if self._scores is None:  # columns: read this candidate's entries only
-            if self._position is None:
-                self._position = {wid: i for i, wid in enumerate(self._ids or [])}
-            i = self._position[worker_id]
-            scores = {name: values[i] for name, values in self._columns.items()}
-            terms = self._cost_columns
-            cost = None if terms is None else tuple.__new__(CostTerms, [column[i] for column in terms])
-        else:
-            scores = {name: values[worker_id] for name, values in self._scores.items()}
-            cost = None if self._costs is None else self._costs.get(worker_id)
+        if self._position is None:  # read this candidate's entries only
+            self._position = {wid: i for i, wid in enumerate(self._ids)}
+        i = self._position[worker_id]
+        scores = {name: values[i] for name, values in self._columns.items()}
+        terms = self._cost_columns
+        cost = None if terms is None else tuple.__new__(CostTerms, [column[i] for column in terms])
         return WorkerBreakdown(
             self.totals[worker_id],
             scores,
