@@ -71,3 +71,53 @@ def test_every_request_finishes_once_with_its_tokens_on_every_layout():
             assert r.arrival <= r.first_token <= r.finish
         workers = Cluster(ClusterConfig(workers=4), split).workers.values()
         assert all(w.free_blocks == w.capacity for w in workers)
+
+
+def test_a_pull_never_takes_the_blocks_a_running_decode_needs_next():
+    """vLLM's order (``vllm/v1/core/sched/scheduler.py``): running requests take their blocks first; a request whose
+    KV is remote gets its blocks from the waiting queue afterwards, in a step that preempted nothing. A pull that
+    arrives while every decoder is one token short of a new block, with just enough free blocks for the pull or the
+    decoders but not both, waits; nobody is preempted."""
+    from bench.planner_eval.engine import Phase, Req
+    from litellm_disagg.runtime_config import WorkerRole
+    from litellm_disagg.sim.settings import EngineSettings
+
+    k, m, pull_blocks = 4, 8, 10
+    engine = EngineSettings(num_gpu_blocks=k * m + k + pull_blocks - 1, max_model_len=512)
+    cluster = Cluster(ClusterConfig(workers=2, engine=engine), Static(1, 1))
+    decode = cluster.workers["w1"]
+    assert decode.role is WorkerRole.DECODE
+    decoders = [Req(i, 0.0, 16 * m, 100, "check") for i in range(k)]  # m full blocks: the next token needs one more
+    for req in decoders:
+        decode.enqueue_prompt(req)
+    while any(r.first_token is None for r in decoders):
+        decode.complete(decode.schedule(), 0.0)
+    assert decode.free_blocks == k + pull_blocks - 1  # each decoder needs one block at its next token
+    pull = Req(k, 0.0, 16 * pull_blocks, 10, "check")
+    pull.remote, pull.prefill_worker = True, "w0"
+    decode.enqueue_pull(pull)
+    cluster._kick(decode)  # as when a prefill finishes: the decode worker's next step
+    assert sum(r.preemptions for r in decoders) == 0
+    assert pull.state is Phase.PULL_QUEUED  # it waits for blocks a finish frees
+    assert all(r.state is Phase.DECODING for r in decoders)
+
+
+def test_a_step_that_preempts_admits_no_pull():
+    from bench.planner_eval.engine import Phase, Req
+    from litellm_disagg.sim.settings import EngineSettings
+
+    k, m = 4, 8
+    engine = EngineSettings(num_gpu_blocks=k * m + k - 1, max_model_len=512)  # one block short for the decoders
+    cluster = Cluster(ClusterConfig(workers=2, engine=engine), Static(1, 1))
+    decode = cluster.workers["w1"]
+    decoders = [Req(i, 0.0, 16 * m, 100, "check") for i in range(k)]
+    for req in decoders:
+        decode.enqueue_prompt(req)
+    while any(r.first_token is None for r in decoders):
+        decode.complete(decode.schedule(), 0.0)
+    pull = Req(k, 0.0, 16, 10, "check")  # one block: it would fit once the newest decoder is preempted
+    pull.remote, pull.prefill_worker = True, "w0"
+    decode.enqueue_pull(pull)
+    plan = decode.schedule()
+    assert sum(r.preemptions for r in decoders) == 1
+    assert plan.pulls == [] and pull.state is Phase.PULL_QUEUED

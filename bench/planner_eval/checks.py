@@ -69,7 +69,7 @@ def mixed_batch_stall(prompt_tokens: int = 8000, batch: int = 32) -> StallResult
             long.remote = True
             long.prefill_worker = "elsewhere"
             worker.enqueue_pull(long)
-            for req, _ in worker.start_pulls(0.0):
+            for req in worker.admit_pulls():
                 worker.pull_done(req)
         results.append(_gaps(worker, decoders, long, timing))
     (agg_gaps, stalled), (dis_gaps, _) = results

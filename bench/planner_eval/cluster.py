@@ -192,14 +192,15 @@ class Cluster:
         self._kick(worker)
 
     def _kick(self, worker: Worker) -> None:
-        """Start pulls that now fit, and a step if the worker is idle and has something to compute."""
-        for req, done in worker.start_pulls(self.now):
-            self._push(done, _PULL, req)
+        """A step if the worker is idle and has something to do; the pulls it admits start their transfers."""
         if worker.busy_until is not None or not worker.has_work:
-            return
+            return  # a busy worker admits queued pulls at its next step, as vLLM's scheduler does
         plan = worker.schedule()
+        for req, done in worker.start_transfers(plan.pulls, self.now):
+            self._push(done, _PULL, req)
         if not (plan.items or plan.decode_seqs):
-            return  # blocked on KV blocks: a finish or a released lease kicks it again
+            return  # nothing to compute (blocked on KV blocks, or only pulls started): a finish, a released lease
+            # or a pull's arrival kicks it again
         worker.busy_until = self.now + plan.duration
         worker.busy_s += plan.duration
         self._plans[worker.worker_id] = plan

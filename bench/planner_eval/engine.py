@@ -13,9 +13,16 @@ limit (``max_num_seqs``):
    the newest running request (its blocks freed, recomputed later from scratch, recompute mode);
 2. running prompts, oldest first: their next chunk;
 3. requests whose KV arrived (decode side of a transfer): they join and recompute the prompt's last token;
-4. queued prompts, first come first served, while their first chunk's blocks fit.
+4. queued prompts (preempted requests first), first come first served, while their first chunk's blocks fit;
+5. queued pulls (decode side of a transfer), first come first served, while the whole prompt's blocks fit, unless
+   a queued prompt is still waiting: they take their blocks here and their transfer starts (``plan.pulls``).
 
-A step that had to preempt admits nothing new (as ``litellm_disagg/sim/scheduler.py``). Decoding requests are not
+A step that had to preempt admits nothing new (as ``litellm_disagg/sim/scheduler.py``), pulls included. That is
+vLLM's order (``vllm/v1/core/sched/scheduler.py``, vLLM 0.32: running requests take their blocks first, and the
+waiting queue, where a request whose KV is remote gets its blocks and starts its load, is visited only when the step
+preempted nothing), so a pull never takes the blocks a running decode needs next. Until 2026-12-02 pulls took
+their blocks whenever they fitted, between steps, ahead of the running decodes (docs/planner-evaluation.md,
+"Pulls admitted in the step"). Decoding requests are not
 visited one by one per step: each keeps the worker's decode-step count at which it joined, and events keyed by that
 count (its next block, its last token) do the work, so a step costs its events, not its batch size.
 
@@ -100,7 +107,6 @@ class Req:
         return (self.finish - self.first_token) / (self.output - 1)
 
 
-
 @dataclass
 class StepPlan:
     items: list[tuple[Req, int]] = field(default_factory=list)
@@ -110,6 +116,8 @@ class StepPlan:
     prefill_tokens: int = 0
     decode_seqs: int = 0
     duration: float = 0.0
+    pulls: list[Req] = field(default_factory=list)
+    """Queued pulls this step gave their blocks to: their transfers start now (``start_transfers``)."""
 
 
 @dataclass
@@ -179,7 +187,7 @@ class Worker:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.decoding or self.prefilling or self.ready or self.queued)
+        return bool(self.decoding or self.prefilling or self.ready or self.queued or self.pull_queue)
 
     # -- requests ----------------------------------------------------------------------------------------------------
 
@@ -192,11 +200,11 @@ class Worker:
         req.state = Phase.PULL_QUEUED
         self.pull_queue.append(req)
 
-    def start_pulls(self, now: float) -> list[tuple[Req, float]]:
-        """Give queued pulls their blocks (the whole prompt's, FIFO: a pull that does not fit blocks the ones
-        behind it) and start them on the inbound link; returns (request, arrival time of its KV)."""
-        started: list[tuple[Req, float]] = []
-        while self.pull_queue:
+    def admit_pulls(self) -> list[Req]:
+        """Give queued pulls their blocks (the whole prompt's, FIFO: a pull that does not fit blocks the ones behind
+        it), while the batch has room; ``schedule`` calls it after the running requests took theirs."""
+        admitted: list[Req] = []
+        while self.pull_queue and self.running < self.engine.max_num_seqs:
             req = self.pull_queue[0]
             need = self.blocks_for(req.prompt)
             if need > self.free_blocks:
@@ -206,6 +214,13 @@ class Worker:
             req.blocks = need
             req.state = Phase.PULLING
             self.pulling += 1
+            admitted.append(req)
+        return admitted
+
+    def start_transfers(self, reqs: list[Req], now: float) -> list[tuple[Req, float]]:
+        """Start admitted pulls on the inbound link (one after another); returns (request, arrival time of its KV)."""
+        started: list[tuple[Req, float]] = []
+        for req in reqs:
             start = max(now, self.link_free_at)
             req.transfer_s = self.timing.transfer_time(req.prompt)
             done = start + req.transfer_s
@@ -267,7 +282,7 @@ class Worker:
                 plan.joining.append(req)
                 plan.decode_seqs += 1
                 budget -= 1
-            # 4. queued prompts, first come first served.
+            # 4. queued prompts, first come first served (preempted requests first: they are at the front).
             while self.queued and budget > 0 and self.running < max_seqs:
                 req = self.queued[0]
                 n = min(req.total - req.computed, budget)
@@ -283,6 +298,10 @@ class Worker:
                 plan.items.append((req, n))
                 plan.prefill_tokens += n
                 budget -= n
+            # 5. queued pulls, behind any queued prompt that did not fit (one waiting queue, first come first
+            # served): their blocks now, after the running requests took theirs.
+            if not self.queued and budget > 0:
+                plan.pulls = self.admit_pulls()
         plan.duration = self.timing.step_time(StepWork(plan.prefill_tokens, plan.decode_seqs))
         return plan
 
