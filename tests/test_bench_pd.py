@@ -4,11 +4,13 @@ prefill-then-decode protocol against simulated pools (the proxy arms run through
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
-from bench.serving import pd, workloads
+import pytest
+
+from bench.serving import breakdown, pd, workloads
 from bench.serving.workers import read_counters
 from litellm_disagg.settings import DisaggSettings
+from litellm_disagg.sim.request_log import read as read_traces
 
 
 def test_each_arm_is_the_strategy_it_names(tmp_path):
@@ -47,3 +49,14 @@ def test_the_oracle_prefills_remotely_once_per_document_then_locally(tmp_path):
     rows = pd.figures("pd_oracle", 1, results, pools, before, after)
     assert rows.remote_share == 0.25  # the document's first request went to the prefill pool, the others stayed local
     assert rows.hit_rate > 0.5  # the decode worker held the transferred document
+    # Every request's TTFT broken down from the workers' traces: the first one prefilled remotely, in parts that
+    # add up to its TTFT.
+    assert pools.request_log is not None
+    parts = breakdown.join(results, read_traces(pools.request_log)[0])
+    assert len(parts) == 4
+    remote = [b for b in parts if b.prefill_worker is not None]
+    assert len(remote) == 1 and remote[0].prefill_worker == pools.prefill[0].worker_id
+    assert set(remote[0].parts_ms) == set(breakdown.PARTS)
+    for b in parts:
+        assert b.worker == pools.decode[0].worker_id
+        assert sum(b.parts_ms.values()) == pytest.approx(b.ttft_ms, abs=0.01)

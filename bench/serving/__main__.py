@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -21,8 +22,9 @@ from pathlib import Path
 import httpx
 
 from bench.serving import arms as arms_mod
-from bench.serving import cli, loadgen, proxy, report, workloads
+from bench.serving import breakdown, cli, loadgen, proxy, report, workloads
 from bench.serving.workers import WorkerSet, read_counters, reset_prefix_caches, start_sim, start_vllm
+from litellm_disagg.sim.request_log import read as read_traces
 
 DEFAULTS = {
     # backend: (workers, requests, rate, prefix words, question words, max tokens, turns, think)
@@ -111,6 +113,7 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
         asyncio.run(reset_prefix_caches(workers.workers))
         time.sleep(0.5)  # the AllBlocksCleared events reach the router
         before = asyncio.run(read_counters(workers.workers))
+        offset = workers.request_log.stat().st_size if workers.request_log and workers.request_log.exists() else 0
         results, wall = asyncio.run(loadgen.run(schedule, arm=arm, base_url=[s.base_url for s in servers], key=key,
                                                 model=workers.model, workers=len(workers.workers),
                                                 max_tokens=args.max_tokens))
@@ -118,7 +121,14 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
     finally:
         for server in servers:
             server.close()
-    return report.figures(name, results, wall, before, after)
+    row = report.figures(name, results, wall, before, after)
+    if workers.request_log is None:
+        return row
+    traces, _ = read_traces(workers.request_log, offset)
+    parts = breakdown.join(results, traces)
+    print(breakdown.table(name, parts), flush=True)
+    return dataclasses.replace(row, ttft_parts_p50_ms=breakdown.medians(parts),
+                               slowest=[dataclasses.asdict(b) for b in breakdown.slowest(parts)])
 
 
 def main() -> None:

@@ -19,10 +19,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from litellm_disagg.http_client import pooled_client
-
 from bench.serving.arms import Arm, Placement, pinned_group
 from bench.serving.workloads import Schedule, Session, conversation
+from litellm_disagg.http_client import pooled_client
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,12 @@ class RequestResult:
     itl_s: float | None
     output_chunks: int
     error: str | None = None
+    user: str = ""
+    """The request's name (``<session>#<turn>``), sent in OpenAI's ``user`` field inside ``extra_body`` (LiteLLM
+    drops a top-level ``user`` for vLLM, and merges ``extra_body`` into the worker's body): simulated workers keep it
+    in their request traces (``breakdown.py``)."""
+    sent_at: float = 0.0
+    """``time.monotonic()`` when it was sent."""
 
 
 async def run(schedule: Schedule, *, arm: Arm, base_url: str | Sequence[str], key: str, model: str, workers: int,
@@ -62,7 +67,7 @@ async def run(schedule: Schedule, *, arm: Arm, base_url: str | Sequence[str], ke
                 if arm.session_header:
                     headers["x-litellm-session-id"] = session.session_id
                 body = {"model": group, "messages": conversation(session, index, answers), "max_tokens": max_tokens,
-                        "temperature": 0, "stream": True}
+                        "temperature": 0, "stream": True, "extra_body": {"user": request_name(session, index)}}
                 result, answer = await _one(client, body, headers, session, index, t0)
                 results.append(result)
                 if result.error is not None:
@@ -74,6 +79,11 @@ async def run(schedule: Schedule, *, arm: Arm, base_url: str | Sequence[str], ke
         await asyncio.gather(*(one_session(s, clients[i % len(clients)]) for i, s in enumerate(schedule.sessions)))
         wall = time.monotonic() - t0
     return results, wall
+
+
+def request_name(session: Session, index: int) -> str:
+    """What a request carries in ``user``: unique within a schedule."""
+    return f"{session.session_id}#{index}"
 
 
 async def _one(client: httpx.AsyncClient, body: dict[str, object], headers: dict[str, str], session: Session,
@@ -111,4 +121,4 @@ async def _one(client: httpx.AsyncClient, body: dict[str, object], headers: dict
         error = "no content"
     turn = session.turns[index]
     return RequestResult(session.session_id, index, turn.prefix_key, start - t0, ttft, end - start, itl,
-                         len(chunk_times), error), "".join(parts)
+                         len(chunk_times), error, user=request_name(session, index), sent_at=start), "".join(parts)

@@ -37,18 +37,18 @@ from typing import Any, cast
 
 import httpx
 
-from litellm_disagg.discovery.file.registry import FileRegistry
-from litellm_disagg.engines.base import Endpoint
-from litellm_disagg.engines.vllm.transfer import build_prefill_body, parse_transfer_params
-from litellm_disagg.http_client import pooled_client
-from litellm_disagg.processes import spawn, stop
-
-from bench.serving import cli, loadgen, proxy, workloads
+from bench.serving import breakdown, cli, loadgen, proxy, workloads
 from bench.serving.arms import Arm, ArmName, Placement
 from bench.serving.loadgen import RequestResult
 from bench.serving.report import percentile
 from bench.serving.workers import SIM_TOKENIZER, Worker, read_counters, reset_prefix_caches
 from bench.serving.workloads import Schedule, Session, conversation
+from litellm_disagg.discovery.file.registry import FileRegistry
+from litellm_disagg.engines.base import Endpoint
+from litellm_disagg.engines.vllm.transfer import build_prefill_body, parse_transfer_params
+from litellm_disagg.http_client import pooled_client
+from litellm_disagg.processes import spawn, stop
+from litellm_disagg.sim.request_log import read as read_traces
 
 PD_ARMS = ("pd_kv_precise", "pd_kv_approximate", "pd_least_inflight", "pd_round_robin", "pd_oracle")
 MODEL = "sim-model"
@@ -60,6 +60,8 @@ class Pools:
     prefill: list[Worker]
     decode: list[Worker]
     proc: Any
+    request_log: Path | None = None
+    """The workers' per-request traces (``litellm_disagg/sim/request_log.py``), for ``breakdown.py``."""
 
     @property
     def all(self) -> list[Worker]:
@@ -76,7 +78,8 @@ def start_pools(run_dir: Path, *, prefill: int, decode: int, speedup: float, blo
     argv = [sys.executable, "-m", "litellm_disagg.sim", "--prefill", str(prefill), "--decode", str(decode),
             "--both", "0", "--model", MODEL, "--name", "pd", "--registry-dir", str(registry), "--kv-events",
             "--speedup", str(speedup), "--num-gpu-blocks", str(blocks), "--block-size", str(block_size),
-            "--max-model-len", "32768", "--drain-settle", "0", "--log-level", "WARNING"]
+            "--max-model-len", "32768", "--drain-settle", "0", "--log-level", "WARNING",
+            "--request-log", str(run_dir / "requests.jsonl")]
     proc = spawn(argv, log=run_dir / "sim.log")
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -85,7 +88,7 @@ def start_pools(run_dir: Path, *, prefill: int, decode: int, speedup: float, blo
         p = [Worker(c.worker_id, c.server_url) for c in ready if c.role.value == "prefill"]
         d = [Worker(c.worker_id, c.server_url) for c in ready if c.role.value == "decode"]
         if len(p) >= prefill and len(d) >= decode:
-            return Pools(registry, p[:prefill], d[:decode], proc)
+            return Pools(registry, p[:prefill], d[:decode], proc, run_dir / "requests.jsonl")
         if proc.poll() is not None:
             raise RuntimeError(f"the simulator exited (see {run_dir / 'sim.log'})")
         time.sleep(0.5)
@@ -131,21 +134,24 @@ async def run_oracle(schedule: Schedule, pools: Pools, *, max_tokens: int) -> tu
             await asyncio.sleep(max(0.0, session.start_s - (time.monotonic() - t0)))
             answers: list[str] = []
             for index, turn in enumerate(session.turns):
+                name = loadgen.request_name(session, index)
                 body: dict[str, Any] = {"model": MODEL, "messages": conversation(session, index, answers),
                                         "max_tokens": max_tokens, "temperature": 0, "stream": True}
+                headers = {"X-Request-Id": name}  # both halves under one id, as the router sends them
                 d = d_place.pick(turn.prefix_key)
                 started = time.monotonic()
                 if turn.prefix_key not in seen:
                     seen.add(turn.prefix_key)
                     p = pools.prefill[p_place.pick(turn.prefix_key)]
-                    r = await prefill_client.post(f"{p.server_url}/v1/chat/completions",
+                    r = await prefill_client.post(f"{p.server_url}/v1/chat/completions", headers=headers,
                                                   json=build_prefill_body(Endpoint.CHAT, MODEL, body))
                     if r.status_code == 200:
                         body["kv_transfer_params"] = parse_transfer_params(r.json()).for_decode()
                 prefill_s = time.monotonic() - started
-                result, answer = await loadgen._one(clients[d], body, {}, session, index, t0)
+                result, answer = await loadgen._one(clients[d], body | {"user": name}, headers, session, index, t0)
                 result = dataclasses.replace(
                     result, start_s=result.start_s - prefill_s, latency_s=result.latency_s + prefill_s,
+                    sent_at=result.sent_at - prefill_s,
                     ttft_s=None if result.ttft_s is None else result.ttft_s + prefill_s)
                 results.append(result)
                 if result.error is not None:
@@ -181,6 +187,10 @@ class PDFigures:
     decode_imbalance: float
     """Busiest worker's requests / the pool's mean (1.0: even)."""
     first_errors: list[str] = field(default_factory=list)
+    ttft_parts_p50_ms: dict[str, float] = field(default_factory=dict)
+    """The p50 of each part of TTFT (``breakdown.PARTS``) over the arm's requests."""
+    slowest: list[dict[str, object]] = field(default_factory=list)
+    """The breakdowns of the slowest 2% of requests by TTFT (``breakdown.Breakdown``)."""
 
 
 def figures(arm: str, run: int, results: list[RequestResult], pools: Pools, before: dict[str, dict[str, float]],
@@ -212,13 +222,28 @@ def figures(arm: str, run: int, results: list[RequestResult], pools: Pools, befo
 
 
 def run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argparse.Namespace, run_dir: Path) -> PDFigures:
+    """One arm's figures, and the breakdown of its slowest requests' TTFT printed."""
+    log = pools.request_log
+    offset = log.stat().st_size if log is not None and log.exists() else 0
+    row, results = _run_arm(arm, run, schedule, pools, args, run_dir)
+    if log is None:
+        return row
+    traces, _ = read_traces(log, offset)
+    parts = breakdown.join(results, traces)
+    print(breakdown.table(f"{arm} (run {run})", parts), flush=True)
+    return dataclasses.replace(row, ttft_parts_p50_ms=breakdown.medians(parts),
+                               slowest=[dataclasses.asdict(b) for b in breakdown.slowest(parts)])
+
+
+def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argparse.Namespace,
+             run_dir: Path) -> tuple[PDFigures, list[RequestResult]]:
     asyncio.run(reset_prefix_caches(pools.all))
     if arm == "pd_oracle":
         time.sleep(0.5)
         before = asyncio.run(read_counters(pools.all))
         results, _ = asyncio.run(run_oracle(schedule, pools, max_tokens=args.max_tokens))
         after = asyncio.run(read_counters(pools.all))
-        return figures(arm, run, results, pools, before, after)
+        return figures(arm, run, results, pools, before, after), results
     server = proxy.start(proxy_config(arm, pools), run_dir, f"{arm}-{run}", model=MODEL, timeout_s=600)
     try:
         time.sleep(1.0)  # discovery, KV event subscriptions and the load scraper catch up
@@ -231,7 +256,7 @@ def run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argparse
         after = asyncio.run(read_counters(pools.all))
     finally:
         server.close()
-    return figures(arm, run, results, pools, before, after)
+    return figures(arm, run, results, pools, before, after), results
 
 
 def table(rows: list[PDFigures]) -> str:

@@ -38,6 +38,10 @@ class ArmFigures:
     first_errors: list[str] = field(default_factory=list)
     ttft_by_turn_p50_ms: dict[int, float] = field(default_factory=dict)
     """Multi-turn: TTFT p50 of each turn index (the first turn is always cold)."""
+    ttft_parts_p50_ms: dict[str, float] = field(default_factory=dict)
+    """Simulated workers: the p50 of each part of TTFT (``breakdown.PARTS``) over the arm's requests."""
+    slowest: list[dict[str, object]] = field(default_factory=list)
+    """Simulated workers: the breakdowns of the slowest 2% of requests by TTFT (``breakdown.Breakdown``)."""
 
 
 def figures(arm: str, results: list[RequestResult], wall_s: float, before: dict[str, dict[str, float]],

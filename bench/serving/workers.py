@@ -52,6 +52,8 @@ class WorkerSet:
     registry_dir: Path
     workers: list[Worker]
     procs: list[subprocess.Popen[bytes]]
+    request_log: Path | None = None
+    """Simulated workers: their per-request traces (``litellm_disagg/sim/request_log.py``); None for vLLM."""
 
     def close(self) -> None:
         for proc in self.procs:
@@ -63,10 +65,11 @@ def start_sim(run_dir: Path, *, count: int, speedup: float, blocks: int, block_s
     argv = [sys.executable, "-m", "litellm_disagg.sim", "--both", str(count), "--prefill", "0", "--decode", "0",
             "--model", "sim-model", "--name", "bench", "--registry-dir", str(registry), "--kv-events",
             "--speedup", str(speedup), "--num-gpu-blocks", str(blocks), "--block-size", str(block_size),
-            "--max-model-len", "32768", "--drain-settle", "0", "--log-level", "WARNING"]
+            "--max-model-len", "32768", "--drain-settle", "0", "--log-level", "WARNING",
+            "--request-log", str(run_dir / "requests.jsonl")]
     proc = spawn(argv, log=run_dir / "sim.log")
     workers = _wait_registered(registry, "sim-model", count, [proc], timeout_s=60)
-    return WorkerSet("sim-model", SIM_TOKENIZER, registry, workers, [proc])
+    return WorkerSet("sim-model", SIM_TOKENIZER, registry, workers, [proc], run_dir / "requests.jsonl")
 
 
 def start_vllm(run_dir: Path, *, count: int, model_dir: str, served: str, kv_cache_mib: int, max_model_len: int,

@@ -51,6 +51,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--max-num-seqs", type=int)
     p.add_argument("--kv-events", action="store_true", help="publish KV events (ZMQ, a free port on 127.0.0.1)")
+    p.add_argument("--request-log", help="append one JSON line of timing per finished request to this file")
     p.add_argument("--drain-timeout", type=float, default=60.0)
     p.add_argument(
         "--drain-settle",
@@ -82,6 +83,8 @@ def settings_from_args(args: argparse.Namespace) -> SimSettings:
         top["engine_name"] = args.engine
     if args.kv_events:
         top["kv_events"] = True
+    if args.request_log:
+        top["request_log"] = args.request_log
     return SimSettings.model_validate(top)
 
 

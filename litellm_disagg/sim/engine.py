@@ -41,7 +41,9 @@ from litellm_disagg.sim.kv_events import KVEvent
 from litellm_disagg.sim.publisher import KVEventPublisher
 from litellm_disagg.sim.push import BootstrapPush
 from litellm_disagg.sim.request import FinishReason, Lease, RemotePrefill, SimRequest
-from litellm_disagg.sim.scheduler import RequestOutput, Scheduler
+from litellm_disagg.sim.request_log import RequestTrace, client_id_of
+from litellm_disagg.sim.request_log import write as write_trace
+from litellm_disagg.sim.scheduler import RequestOutput, ScheduledStep, Scheduler
 from litellm_disagg.sim.settings import SimSettings
 from litellm_disagg.sim.stats import EngineStats
 from litellm_disagg.sim.textgen import completion, prompt_digest
@@ -97,8 +99,11 @@ class SimEngine(BootstrapPush):
         nixl_port: int = 1,
         directory: EngineDirectory = DIRECTORY,
         publisher: KVEventPublisher | None = None,
+        name: str | None = None,
     ):
         self.settings = settings
+        self.name = name or engine_id or "sim"
+        """The worker's id, in request traces."""
         self.role = role
         self.engine_id = engine_id or str(uuid.uuid4())
         self.nixl_host = nixl_host
@@ -128,6 +133,8 @@ class SimEngine(BootstrapPush):
         self._loop_task: asyncio.Task[None] | None = None
         self._ids = 0
         self.alive = False
+        self._traces: dict[str, RequestTrace] = {}
+        """Requests in flight, when ``settings.request_log`` is set (``request_log.py``)."""
 
     # -- lifecycle ---------------------------------------------------------------------------------------------------
 
@@ -177,9 +184,12 @@ class SimEngine(BootstrapPush):
         self._ids += 1
         return f"{base}-{self._ids}"
 
-    def add_request(self, request: SimRequest) -> RequestStream:
+    def add_request(self, request: SimRequest, *, user: str | None = None) -> RequestStream:
+        """``user``: the OpenAI ``user`` field, kept in the request's trace."""
         if not self.alive:
             raise EngineDead("engine is not running")
+        if self.settings.request_log is not None:
+            self._trace_arrival(request, user)
         self.scheduler.add(request)
         stream = RequestStream(self, request)
         self._streams[request.request_id] = stream
@@ -210,6 +220,7 @@ class SimEngine(BootstrapPush):
         return True
 
     def abort(self, request_id: str) -> None:
+        self._traces.pop(request_id, None)
         stream = self._streams.pop(request_id, None)
         req = self.scheduler.abort(request_id)
         if req is not None and req.rid is not None:
@@ -297,6 +308,8 @@ class SimEngine(BootstrapPush):
                     await asyncio.wait_for(self._wake.wait(), timeout)
                 deadline = loop.time()
                 continue
+            if self._traces:
+                self._trace_step(step, loop.time())
             duration = self.timing.step_time(work)
             self.stats.simulated_busy_s += duration
             deadline = max(deadline, loop.time() - MAX_LAG_S) + self.timing.wall(duration)
@@ -305,6 +318,8 @@ class SimEngine(BootstrapPush):
             self._flush_events()
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        if self._traces:
+            self._trace_outputs(outputs)
         for out in outputs:
             rid = out.request.request_id
             stream = self._streams.get(rid)
@@ -351,6 +366,9 @@ class SimEngine(BootstrapPush):
             if source is not None and lease is not None and self._lease_matches(lease, req, remote):
                 num_tokens = req.num_prompt_tokens - req.num_local_hit_tokens
                 simulated = self.timing.transfer_time(num_tokens)
+                trace = self._traces.get(req.request_id)
+                if trace is not None:
+                    trace.pull_started = asyncio.get_running_loop().time()
                 await asyncio.sleep(self.timing.wall(simulated))
                 if self.directory.get(remote.engine_id) is source and source.kv_lease(remote.request_id) is lease:
                     ok = True
@@ -366,6 +384,9 @@ class SimEngine(BootstrapPush):
             raise
         finally:
             self._pulls.pop(req.request_id, None)
+        trace = self._traces.get(req.request_id)
+        if trace is not None:
+            trace.pull_ended = asyncio.get_running_loop().time()
         if source is not None and self.directory.get(remote.engine_id) is source:
             source.release_kv_lease(remote.request_id)
         if ok:
@@ -406,6 +427,56 @@ class SimEngine(BootstrapPush):
             if _client_id(request_id) == client_id:
                 return request_id
         return None
+
+    # -- request traces (request_log.py) -----------------------------------------------------------------------------
+
+    def _trace_arrival(self, req: SimRequest, user: str | None) -> None:
+        sched = self.scheduler
+        ahead = [*sched.running, *sched.waiting, *sched.ready, *sched.pulling.values()]
+        self._traces[req.request_id] = RequestTrace(
+            worker_id=self.name,
+            role=self.role.value,
+            request_id=req.request_id,
+            client_id=client_id_of(req.request_id),
+            user=user,
+            prompt_tokens=req.num_prompt_tokens,
+            arrived=asyncio.get_running_loop().time(),
+            running_at_arrival=sched.num_running,
+            waiting_at_arrival=sched.num_waiting,
+            prefill_tokens_ahead=sum(max(0, r.num_prompt_tokens - r.num_computed_tokens) for r in ahead),
+        )
+
+    def _trace_step(self, step: ScheduledStep, now: float) -> None:
+        """Before the step runs: stamp the requests whose prompt it computes (a chunk, or the last token after a
+        pull)."""
+        for req, n in step.scheduled:
+            trace = self._traces.get(req.request_id)
+            if trace is None or req.num_computed_tokens >= req.num_prompt_tokens:
+                continue
+            if trace.scheduled is None:
+                trace.scheduled = now
+            trace.prefill_steps += 1
+            trace.shared_prefill_tokens += step.prefill_tokens - n if n > 1 else step.prefill_tokens
+            trace.shared_decode_seqs += step.decode_seqs - (1 if n == 1 else 0)
+
+    def _trace_outputs(self, outputs: list[RequestOutput]) -> None:
+        now = asyncio.get_running_loop().time()
+        path = self.settings.request_log
+        for out in outputs:
+            req = out.request
+            trace = self._traces.get(req.request_id)
+            if trace is None:
+                continue
+            if trace.first_token is None:
+                trace.first_token = now
+            if out.finished:
+                del self._traces[req.request_id]
+                trace.finished = now
+                trace.cached_tokens = req.num_local_hit_tokens
+                trace.external_tokens = req.num_external_tokens
+                trace.preemptions = req.num_preemptions
+                if path is not None:
+                    write_trace(path, trace)
 
     @staticmethod
     def _lease_matches(lease: Lease, req: SimRequest, remote: RemotePrefill) -> bool:

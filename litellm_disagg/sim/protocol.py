@@ -73,6 +73,8 @@ class _Request(BaseModel):
     """SGLang: the request's name, for ``/abort_request``."""
     disaggregated_params: dict[str, Any] | None = None
     """TensorRT-LLM: ``request_type`` context_only / generation_only and the context server's state."""
+    user: str | None = None
+    """OpenAI's end-user id; accepted, and kept in the request's trace (``request_log.py``)."""
 
     @field_validator("n")
     @classmethod

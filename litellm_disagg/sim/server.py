@@ -176,7 +176,7 @@ class SimApi:
                 rid=prepared.body.rid,
             )
             try:
-                stream = self.engine.add_request(sim)
+                stream = self.engine.add_request(sim, user=prepared.body.user)
             except EngineDead as exc:
                 raise ApiError(503, str(exc), "ServiceUnavailableError") from exc
         except ApiError as exc:

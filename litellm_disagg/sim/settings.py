@@ -105,6 +105,9 @@ class SimSettings(BaseSettings):
     kv_events: bool = False
     """Publish vLLM KV cache events on a ZMQ PUB socket bound on 127.0.0.1 (a free port)."""
     kv_events_topic: str = "kv"
+    request_log: str | None = None
+    """Append one JSON line per finished request to this file: its worker, tokens and timing (``request_log.py``),
+    for benchmarks that attribute time to first token. None: off."""
 
     def with_speedup(self, speedup: float) -> SimSettings:
         timing = TimingSettings.model_validate({**self.timing.model_dump(), "speedup": speedup})

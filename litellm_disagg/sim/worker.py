@@ -173,6 +173,7 @@ class SimWorker:
             nixl_port=nixl_port,
             directory=self.directory,
             publisher=self.publisher,
+            name=self.worker_id,
         )
         await self.engine.start()
         await self._start_server()

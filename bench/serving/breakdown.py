@@ -1,0 +1,129 @@
+"""Where each request's time to first token went: the client's timings joined with the simulated workers' request
+traces (``litellm_disagg/sim/request_log.py``, ``--request-log``).
+
+The load generator names every request in OpenAI's ``user`` field (``<session>#<turn>``); the worker that decoded
+it keeps that name in its trace, and a remote prefill of the same request carries the same ``X-Request-Id`` as its
+decode (the router sends one id to both). From these, per request, on one monotonic clock::
+
+    aggregated (one worker):  TTFT = proxy_in + queue + prefill + proxy_out
+    disaggregated:            TTFT = proxy_in + queue + prefill (on the prefill worker) + handoff
+                                     + admit (decode: blocks for the pull) + transfer + decode_first + proxy_out
+
+    proxy_in      the client's send to the first worker's arrival: the proxy's work before it calls a worker
+                  (LiteLLM, tokenization, the routing decision) and the HTTP hop
+    queue         arrival to the first step that computed part of the prompt: the wait behind the worker's queue
+    prefill       that step's start to the first token: the prompt's own chunks and whatever shared their steps
+    handoff       the prefill's end to the decode worker's arrival: the proxy between the two calls
+    transfer      the decode worker's pull of the prompt's KV
+    decode_first  the pull's end to the first token: the decode worker's queue and the step that samples it
+    proxy_out     the worker's first token to the client's first content chunk
+
+Pure: no I/O (the caller reads the traces).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from bench.serving.loadgen import RequestResult
+from bench.serving.report import percentile
+from litellm_disagg.sim.request_log import RequestTrace
+
+PARTS = ("proxy_in", "queue", "prefill", "handoff", "admit", "transfer", "decode_first", "proxy_out")
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    user: str
+    ttft_ms: float
+    worker: str
+    """The worker that decoded (and, aggregated, prefilled) it."""
+    prefill_worker: str | None
+    """The prefill worker of a remote prefill, else None."""
+    prompt_tokens: int
+    cached_tokens: int
+    """Prompt tokens the worker that computed the prompt found in its prefix cache."""
+    running_at_arrival: int
+    waiting_at_arrival: int
+    prefill_tokens_ahead: int
+    """On the worker that computed the prompt, when the request arrived there."""
+    shared_prefill_tokens: int
+    """Other requests' prompt tokens in the steps that computed this prompt."""
+    parts_ms: dict[str, float]
+    """``PARTS`` that apply, in milliseconds; they add up to ``ttft_ms``."""
+
+
+def _ms(a: float | None, b: float | None) -> float:
+    return (b - a) * 1e3 if a is not None and b is not None else math.nan
+
+
+def join(results: Iterable[RequestResult], traces: Iterable[RequestTrace]) -> list[Breakdown]:
+    """One breakdown per successful request found in the traces (a retried request: its last decode)."""
+    decode: dict[str, RequestTrace] = {}
+    prefill: dict[str, RequestTrace] = {}
+    for t in traces:
+        if t.role == "prefill":
+            prefill[t.client_id] = t
+        elif t.user is not None:
+            decode[t.user] = t
+    out = []
+    for r in results:
+        d = decode.get(r.user)
+        if r.error is not None or r.ttft_s is None or d is None:
+            continue
+        p = prefill.get(d.client_id) if d.external_tokens or d.pull_started is not None else None
+        first_chunk = r.sent_at + r.ttft_s
+        computing = p if p is not None else d
+        parts = {"proxy_in": _ms(r.sent_at, computing.arrived), "queue": _ms(computing.arrived, computing.scheduled),
+                 "prefill": _ms(computing.scheduled, computing.first_token)}
+        if p is not None:
+            parts |= {"handoff": _ms(p.finished, d.arrived), "admit": _ms(d.arrived, d.pull_started),
+                      "transfer": _ms(d.pull_started, d.pull_ended), "decode_first": _ms(d.pull_ended, d.first_token)}
+        parts["proxy_out"] = _ms(d.first_token, first_chunk)
+        out.append(Breakdown(
+            user=r.user, ttft_ms=r.ttft_s * 1e3, worker=d.worker_id, prefill_worker=p.worker_id if p else None,
+            prompt_tokens=computing.prompt_tokens, cached_tokens=computing.cached_tokens,
+            running_at_arrival=computing.running_at_arrival, waiting_at_arrival=computing.waiting_at_arrival,
+            prefill_tokens_ahead=computing.prefill_tokens_ahead, shared_prefill_tokens=computing.shared_prefill_tokens,
+            parts_ms=parts))
+    return out
+
+
+def slowest(rows: Sequence[Breakdown], fraction: float = 0.02, at_least: int = 3) -> list[Breakdown]:
+    """The slowest ``fraction`` of the requests by TTFT (at least ``at_least``), slowest first."""
+    n = max(at_least, math.ceil(fraction * len(rows)))
+    return sorted(rows, key=lambda b: b.ttft_ms, reverse=True)[:n]
+
+
+def medians(rows: Sequence[Breakdown]) -> dict[str, float]:
+    """Each part's p50 over the requests it applies to (and TTFT's)."""
+    out = {"ttft": percentile([b.ttft_ms for b in rows], 0.5)}
+    for part in PARTS:
+        values = [v for b in rows if not math.isnan(v := b.parts_ms.get(part, math.nan))]
+        if values:
+            out[part] = percentile(values, 0.5)
+    return out
+
+
+def table(arm: str, rows: Sequence[Breakdown], fraction: float = 0.02) -> str:
+    """The slowest requests of one arm, part by part, and the p50 of each part over all of them."""
+    if not rows:
+        return f"{arm}: no request traces (simulated workers with --request-log only)"
+    worst = slowest(rows, fraction)
+    parts = [p for p in PARTS if any(p in b.parts_ms for b in worst)]
+    head = (f"  {'request':12s} {'TTFT':>6s} " + " ".join(f"{p:>12s}" for p in parts)
+            + f"  {'worker (prefill>decode)':30s} {'prompt':>6s} {'cached':>6s} {'run/wait':>8s} {'ahead':>6s} "
+            f"{'shared':>6s}")
+    lines = [f"{arm}: slowest {len(worst)} of {len(rows)} requests by TTFT (ms)", head]
+    for b in worst:
+        where = b.worker if b.prefill_worker is None else f"{b.prefill_worker}>{b.worker}"
+        lines.append(
+            f"  {b.user:12s} {b.ttft_ms:6.0f} " + " ".join(f"{b.parts_ms.get(p, math.nan):12.1f}" for p in parts)
+            + f"  {where[-30:]:30s} {b.prompt_tokens:6d} {b.cached_tokens:6d} "
+            f"{f'{b.running_at_arrival}/{b.waiting_at_arrival}':>8s} {b.prefill_tokens_ahead:6d} "
+            f"{b.shared_prefill_tokens:6d}")
+    mid = medians(rows)
+    lines.append("  p50 over all: " + ", ".join(f"{k} {v:.1f}" for k, v in mid.items()))
+    return "\n".join(lines)
