@@ -40,6 +40,8 @@ def test_cpu_flags_and_loopback_environment():
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and "VLLM_CPU_KVCACHE_SPACE" not in env
     assert env["PYTHONPATH"] == f"{SITECUSTOMIZE_DIR}{os.pathsep}/x"
     assert env["LITELLM_DISAGG_NIXL_PROGRESS_DELAY_US"] == "1000" and "LITELLM_DISAGG_NIXL_PROGRESS_THREAD" not in env
+    assert env["LITELLM_DISAGG_NIXL_CPU_PIN"] == "0"  # vLLM's NIXL worker does not pin its thread to one core
+    assert vllm_env(opts(), base={"LITELLM_DISAGG_NIXL_CPU_PIN": "1"})["LITELLM_DISAGG_NIXL_CPU_PIN"] == "1"  # experiments
 
 
 def test_gpu_has_no_cpu_settings_and_a_routable_host_keeps_ucx_free():
@@ -48,7 +50,7 @@ def test_gpu_has_no_cpu_settings_and_a_routable_host_keeps_ucx_free():
     assert flag(argv, "--tensor-parallel-size") == "2"
     assert json.loads(flag(argv, "--kv-transfer-config"))["kv_buffer_device"] == "cuda"
     env = vllm_env(opts(device="gpu", transfer_host="10.0.0.5"), base={})
-    assert "UCX_NET_DEVICES" not in env and "PYTHONPATH" not in env
+    assert "UCX_NET_DEVICES" not in env and "PYTHONPATH" not in env and "LITELLM_DISAGG_NIXL_CPU_PIN" not in env
 
 
 def test_kv_events_and_extra_args():
@@ -105,6 +107,40 @@ def test_sitecustomize_paces_the_nixl_progress_thread_lazily(tmp_path):
     assert run(LITELLM_DISAGG_NIXL_PROGRESS_DELAY_US="1000") == ["True", "1000"]  # on, paced
     assert run() == ["True", "0"]  # nothing asked: NIXL untouched
     assert run(LITELLM_DISAGG_NIXL_PROGRESS_THREAD="0") == ["False", "0"]  # off, for experiments
+
+
+def test_sitecustomize_keeps_vllms_nixl_worker_from_pinning_its_thread(tmp_path):
+    # A stand-in for vLLM's module (vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py): on CPU its
+    # connector worker pins the calling thread with os.sched_setaffinity. The child records that call instead of
+    # making it, so the test says the same on a machine of any size.
+    module = tmp_path / "vllm" / "distributed" / "kv_transfer" / "kv_connector" / "v1" / "nixl"
+    module.mkdir(parents=True)
+    for part in [module, *module.parents][: len(module.relative_to(tmp_path).parts)]:
+        (part / "__init__.py").write_text("")
+    (module / "base_worker.py").write_text(
+        "import os\n"
+        "class NixlBaseConnectorWorker:\n"
+        "    def __init__(self):\n"
+        "        self.pid = os.getpid()\n"
+        "        if not hasattr(os, 'sched_setaffinity'):\n"
+        "            raise NotImplementedError\n"
+        "        os.sched_setaffinity(0, [1])\n"
+    )
+    code = (
+        "import os, sys; calls = []; os.sched_setaffinity = lambda pid, mask: calls.append(list(mask)); "
+        "assert 'vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker' not in sys.modules; "
+        "from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import NixlBaseConnectorWorker as W; "
+        "w = W(); assert w.pid == os.getpid(); print(calls)"
+    )
+    base = {"PYTHONPATH": f"{SITECUSTOMIZE_DIR}{os.pathsep}{tmp_path}", "PATH": os.environ["PATH"]}
+
+    def run(**env: str) -> str:
+        out = subprocess.run([sys.executable, "-c", code], env=base | env, capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+
+    assert run(LITELLM_DISAGG_NIXL_CPU_PIN="0") == "[]"  # the pin skipped, the rest of os untouched
+    assert run() == "[[1]]"  # nothing asked: vLLM pins as it does
+    assert run(LITELLM_DISAGG_NIXL_CPU_PIN="1") == "[[1]]"
 
 
 def test_a_kv_lease_goes_into_the_connector_extra_config():

@@ -138,6 +138,10 @@ def vllm_env(spec: LaunchSpec, base: Mapping[str, str] | None = None) -> dict[st
         # NIXL's progress thread spins a whole core with its default delay of 0: on CPU the cores are the engine's
         # compute. Paced to one round per millisecond it costs about 3% of a core and keeps transfers progressing.
         env.setdefault("LITELLM_DISAGG_NIXL_PROGRESS_DELAY_US", str(NIXL_PROGRESS_DELAY_US))
+        # vLLM's NIXL worker pins its main thread (forward pass and queue spinning) to the last core of each NUMA node,
+        # the same core for every worker on the host: one worker's spinning then starves another's for tens of seconds
+        # (sitecustomize/ explains; "0" skips the pin, "1" keeps vLLM's).
+        env.setdefault("LITELLM_DISAGG_NIXL_CPU_PIN", "0")
         env["PYTHONPATH"] = _with_sitecustomize(env)
     return env
 

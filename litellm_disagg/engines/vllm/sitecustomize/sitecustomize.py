@@ -18,6 +18,17 @@ KV events: vLLM's ZMQ publisher binds only wildcard endpoints (``tcp://*:PORT``,
 a concrete one. With ``LITELLM_DISAGG_KV_EVENTS_BIND`` set (the wrapper sets it to the worker's own address), that
 exact endpoint is bound instead, so the event socket listens on the worker's address only. Applied lazily too, when
 ``vllm.distributed.kv_events`` is first imported.
+
+CPU pinning: on a CPU platform vLLM's NIXL connector worker pins the thread that builds it, the worker process's main
+thread (vLLM 0.32, ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py``,
+``NixlBaseConnectorWorker.__init__``: "reserve different cores for start_load_kv() from model_forward()",
+``os.sched_setaffinity(0, [last core of each NUMA node])``), and every thread it starts afterwards (NIXL's progress
+thread among them). That main thread also runs the forward pass and spins (``sched_yield``) in vLLM's shared-memory
+queue reads (``vllm/distributed/device_communicators/shm_broadcast.py``), so every vLLM worker on a host ends up on
+the same single core: on a small host one engine's spinning worker starved the other's for 20-60 s (a runnable
+thread that got no CPU time: the light-load decode stalls of docs/operations.md). With
+``LITELLM_DISAGG_NIXL_CPU_PIN=0`` (the wrapper sets it on CPU hosts) that pin is skipped and the worker keeps the
+affinity it was started with. Applied lazily, when that module is first imported.
 """
 
 import importlib.abc
@@ -27,7 +38,29 @@ import sys
 
 _NIXL_TARGETS = frozenset({"nixl_cu12._api", "nixl_cu13._api", "nixl_rocm._api"})
 _KV_EVENTS_TARGET = "vllm.distributed.kv_events"
-_TARGETS = _NIXL_TARGETS | {_KV_EVENTS_TARGET}
+_NIXL_WORKER_TARGET = "vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker"
+_TARGETS = _NIXL_TARGETS | {_KV_EVENTS_TARGET, _NIXL_WORKER_TARGET}
+
+
+def _unpin() -> bool:
+    return os.environ.get("LITELLM_DISAGG_NIXL_CPU_PIN") == "0"
+
+
+class _OsWithoutPinning:
+    """``os`` for vLLM's NIXL worker module, with ``sched_setaffinity`` a no-op (everything else is ``os``'s)."""
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    @staticmethod
+    def sched_setaffinity(pid, mask):
+        return None
+
+
+def _patch_nixl_worker(module):
+    # base_worker.py calls os.sched_setaffinity only to pin the connector's thread (NixlBaseConnectorWorker.__init__).
+    if _unpin() and getattr(module, "os", None) is os:
+        module.os = _OsWithoutPinning()
 
 
 def _settings():
@@ -57,6 +90,9 @@ def _patch_kv_events(module):
 def _patch(module):
     if module.__name__ == _KV_EVENTS_TARGET:
         _patch_kv_events(module)
+        return
+    if module.__name__ == _NIXL_WORKER_TARGET:
+        _patch_nixl_worker(module)
         return
     thread, delay_us = _settings()
     config_cls = getattr(module, "nixl_agent_config", None)
@@ -103,5 +139,5 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-if _settings() != (True, None) or os.environ.get("LITELLM_DISAGG_KV_EVENTS_BIND"):
+if _settings() != (True, None) or os.environ.get("LITELLM_DISAGG_KV_EVENTS_BIND") or _unpin():
     sys.meta_path.insert(0, _Finder())
