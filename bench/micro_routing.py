@@ -24,9 +24,10 @@ shared machine, most of the wall-clock p99.
 
 Ingestion: vLLM-encoded KV event batches (msgpack bytes, as on the wire) for the same workers, measured as
 ``decode+apply`` (``decode_message`` + ``EventApplier.apply``: hash rebuild, translation, index update),
-``apply`` (already decoded batches), ``index only`` (``PrefixIndex.stored``/``removed`` on ready hashes), and over
-a real ZMQ PUB -> SUB pair on 127.0.0.1 (``KVEventSubscriber``). Rates are block events per second (each stored
-or removed block counts one).
+``compiled decode+apply`` (``_kvwire.apply_message``: the same from the bytes in one call, when built), ``apply``
+(already decoded batches), ``index only`` (``PrefixIndex.stored``/``removed`` on ready hashes), and over a real ZMQ
+PUB -> SUB pair on 127.0.0.1 (``KVEventSubscriber``, which takes the compiled path when built). Rates are block
+events per second (each stored or removed block counts one). ``--skip-decisions`` runs the ingestion part alone.
 
 Figures depend on the machine and on what else runs on it: compare runs on one machine. The compiled core of KV
 routing (``scripts/build_native.sh``) is used when built; ``LITELLM_DISAGG_PURE_PYTHON=1`` runs the pure-Python paths
@@ -58,6 +59,7 @@ from litellm_disagg.engines.vllm.kv_events import decode_message  # noqa: E402
 from litellm_disagg.routing.accounting import FlightKey  # noqa: E402
 from litellm_disagg.routing.kv.block_hash import ROOT, PromptBlocks, chain_hashes  # noqa: E402
 from litellm_disagg.routing.kv.event_applier import EventApplier  # noqa: E402
+from litellm_disagg.routing.kv.event_subscriber import compiled_path  # noqa: E402
 from litellm_disagg.routing.kv.prefix_index import PrefixIndex  # noqa: E402
 from litellm_disagg.routing.kv.router import KVRouter  # noqa: E402
 from litellm_disagg.routing.kv.settings import KVRoutingSettings  # noqa: E402
@@ -475,6 +477,14 @@ async def bench_ingestion(args: argparse.Namespace) -> None:
                 applier.apply(decode_message(frames))
         assert sum(a.stats.skipped_blocks for a in appliers.values()) == 0
 
+    def compiled_decode_and_apply() -> None:
+        _, appliers = fresh()
+        for wid, messages in stream.items():
+            applier = appliers[wid]
+            for frames in messages:
+                assert apply_message(applier, frames)
+        assert sum(a.stats.skipped_blocks for a in appliers.values()) == 0
+
     decoded = {wid: [decode_message(f) for f in messages] for wid, messages in stream.items()}
 
     def apply() -> None:
@@ -507,6 +517,9 @@ async def bench_ingestion(args: argparse.Namespace) -> None:
                 index.removed(wid, hs)
 
     rate("decode+apply (msgpack, hash rebuild, index)", decode_and_apply)
+    apply_message = compiled_path(VLLM.adapter.kv_event_wire)
+    if apply_message is not None:
+        rate("compiled decode+apply (from the bytes)", compiled_decode_and_apply)
     rate("apply (hash rebuild, translation, index)", apply)
     rate("index only (stored/removed, ready hashes)", index_only)
     await bench_zmq(args, per_worker, total_blocks, total_messages)
@@ -564,7 +577,14 @@ async def bench_zmq(args: argparse.Namespace, per_worker: int, total_blocks: int
         wid, endpoint = await asyncio.to_thread(endpoints.get, True, 120)
         index.add_worker(wid, capacity_blocks=per_worker)
         applier = EventApplier(wid, index, block_size=args.block_size, capacity_blocks=per_worker)
-        subs[wid] = KVEventSubscriber(endpoint, applier, decode=VLLM.adapter.decode_kv_events, context=ctx, rcvhwm=0)
+        subs[wid] = KVEventSubscriber(
+            endpoint,
+            applier,
+            decode=VLLM.adapter.decode_kv_events,
+            context=ctx,
+            rcvhwm=0,
+            wire=VLLM.adapter.kv_event_wire,
+        )
         subs[wid].start()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 30
@@ -587,10 +607,11 @@ async def bench_zmq(args: argparse.Namespace, per_worker: int, total_blocks: int
     elapsed = time.perf_counter() - start
     got = applied()
     gaps = sum(s.applier.stats.gaps for s in subs.values())
+    fast = sum(s.fast_messages for s in subs.values())
     print(
         f"  over ZMQ (PUB in another process -> SUB, 127.0.0.1)  "
         f"{total_blocks * got / total_messages / elapsed / 1e6:6.2f} M block events/s, {got / elapsed:,.0f} batches/s "
-        f"({got:,}/{total_messages:,} batches, {gaps} gaps)"
+        f"({got:,}/{total_messages:,} batches, {gaps} gaps, {fast:,} messages on the compiled path)"
     )
     done.set()
     for s in subs.values():

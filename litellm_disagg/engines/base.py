@@ -34,6 +34,9 @@ Engine adapter, used by workers (launch), the router's observers (metrics, KV ev
                                     publishes about it (transfer section, KV events endpoint); starts nothing
     decode_kv_events()              one message of the engine's KV event stream -> ``EventBatch``; raises
                                     ``MalformedBatch``; on the router's hot path (tens of thousands of events a second)
+    kv_event_wire                   ``KVEventWire``: the stream's wire format when the router has a compiled reader
+                                    for it (vLLM's, which SGLang also sends), else None; the compiled reader gives
+                                    what ``decode_kv_events`` + applying would, and leaves what it does not know to them
 
 KV events are engine-neutral named tuples (``BlockStored``, ``BlockRemoved``, ``AllBlocksCleared``) in an
 ``EventBatch``; each engine decodes its own wire format into them.
@@ -245,6 +248,14 @@ class EngineLaunch:
 
 # -- KV events ---------------------------------------------------------------------------------------------------------
 
+
+class KVEventWire(StrEnum):
+    """A KV event wire format the router can read without ``decode_kv_events`` (``routing/kv/_kvwire.pyx``)."""
+
+    VLLM = "vllm"
+    """vLLM's ``ZmqEventPublisher``: topic, 8-byte sequence, msgpack batch of map-encoded events."""
+
+
 EngineHash = int | bytes
 """A block hash as the engine publishes it: salted per engine process, meaningful only to that engine."""
 
@@ -303,6 +314,8 @@ class EngineAdapter(Protocol):
     provider_prefix: str
     """LiteLLM provider prefix of a deployment on this engine: ``f"{provider_prefix}/{served_model}"``."""
     metrics: MetricNames
+    kv_event_wire: KVEventWire | None
+    """The KV event stream's wire format, when the router has a compiled reader for it; None: ``decode_kv_events``."""
 
     def detect_device(self) -> Device:
         """Which build of the engine is installed in this environment."""

@@ -7,7 +7,9 @@ import random
 import pytest
 import zmq.asyncio
 
+from litellm_disagg.engines.base import KVEventWire
 from litellm_disagg.engines.vllm import VLLM
+from litellm_disagg.routing.kv import native
 from litellm_disagg.routing.kv.block_hash import chain_hashes
 from litellm_disagg.routing.kv.event_applier import EventApplier
 from litellm_disagg.routing.kv.event_subscriber import BadEndpoint, KVEventSubscriber, check_endpoint
@@ -41,15 +43,20 @@ async def ctx():  # type: ignore[no-untyped-def]
 def make(index: PrefixIndex, endpoint: str, ctx: zmq.asyncio.Context, **kw: object) -> KVEventSubscriber:
     index.add_worker("w", capacity_blocks=10_000)
     applier = EventApplier("w", index, block_size=BS, capacity_blocks=10_000)
+    kw.setdefault("wire", VLLM.adapter.kv_event_wire)
     return KVEventSubscriber(
         endpoint, applier, decode=VLLM.adapter.decode_kv_events, context=ctx, reconnect_interval_s=0.02, reconnect_interval_max_s=0.1, **kw
     )  # type: ignore[arg-type]
 
 
-async def test_events_from_a_publisher_reach_the_index(ctx: zmq.asyncio.Context) -> None:
+@pytest.mark.parametrize("wire_format", [KVEventWire.VLLM, None])
+async def test_events_from_a_publisher_reach_the_index(ctx: zmq.asyncio.Context, wire_format: KVEventWire | None) -> None:
+    """Through the compiled path when it is built (every message here is one it reads), else the Python path."""
     pub = FakeEnginePublisher()
     index = PrefixIndex()
-    sub = make(index, pub.endpoint, ctx)
+    sub = make(index, pub.endpoint, ctx, wire=wire_format)
+    compiled = wire_format is not None and native.wire is not None
+    assert (sub.fast_apply is not None) == compiled
     sub.start()
     try:
         await joined(pub, lambda: sub.messages)
@@ -60,6 +67,7 @@ async def test_events_from_a_publisher_reach_the_index(ctx: zmq.asyncio.Context)
         ours = chain_hashes(prompt, BS)
         await until(lambda: index.overlap(ours) == {"w": 9})
         assert sub.applier.stats.gaps == 0
+        assert sub.fast_messages == (sub.messages if compiled else 0)
     finally:
         await sub.stop()
         pub.close()

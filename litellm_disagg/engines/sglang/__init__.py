@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from litellm_disagg.engines.base import Device, Engine, EngineLaunch, EventBatch, LaunchSpec, MetricNames
+from litellm_disagg.engines.base import (
+    Device,
+    Engine,
+    EngineLaunch,
+    EventBatch,
+    KVEventWire,
+    LaunchSpec,
+    MetricNames,
+)
 from litellm_disagg.engines.sglang.launch import detect_device, sglang_launch
 from litellm_disagg.engines.sglang.metrics import SGLANG_METRICS
 from litellm_disagg.engines.sglang.transfer import BootstrapTicket, SglangBootstrapProtocol
@@ -25,6 +33,7 @@ class SglangAdapter:
     """LiteLLM has no SGLang provider; ``hosted_vllm`` is its OpenAI-compatible one that passes extra top-level
     fields (the bootstrap triple) through to the server as they are."""
     metrics: MetricNames = SGLANG_METRICS
+    kv_event_wire: KVEventWire | None = KVEventWire.VLLM  # SGLang sends vLLM's message format
 
     def detect_device(self) -> Device:
         return detect_device()

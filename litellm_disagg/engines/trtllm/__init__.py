@@ -16,6 +16,7 @@ from litellm_disagg.engines.base import (
     Engine,
     EngineLaunch,
     EventBatch,
+    KVEventWire,
     LaunchSpec,
     MalformedBatch,
     MetricNames,
@@ -31,6 +32,7 @@ class TrtllmAdapter:
     provider_prefix = "hosted_vllm"
     """LiteLLM's OpenAI-compatible provider that passes ``disaggregated_params`` through as a top-level field."""
     metrics: MetricNames = TRTLLM_METRICS
+    kv_event_wire: KVEventWire | None = None
 
     def detect_device(self) -> Device:
         return detect_device()

@@ -11,7 +11,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from litellm_disagg.engines.base import Device, Engine, EngineLaunch, EventBatch, LaunchSpec, MetricNames
+from litellm_disagg.engines.base import (
+    Device,
+    Engine,
+    EngineLaunch,
+    EventBatch,
+    KVEventWire,
+    LaunchSpec,
+    MetricNames,
+)
 from litellm_disagg.engines.vllm.kv_events import decode_message
 from litellm_disagg.engines.vllm.launch import detect_device, vllm_launch
 from litellm_disagg.engines.vllm.metrics import VLLM_METRICS
@@ -24,6 +32,7 @@ class VllmAdapter:
 
     provider_prefix = "hosted_vllm"
     metrics: MetricNames = VLLM_METRICS
+    kv_event_wire: KVEventWire | None = KVEventWire.VLLM
 
     def detect_device(self) -> Device:
         return detect_device()

@@ -21,52 +21,22 @@ from cpython.object cimport PyObject, PyObject_Hash
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport uint64_t, int64_t
 
+from litellm_disagg.routing.kv._tuplehash cimport (
+    Py_hash_t, Py_uhash_t, chain_step, finish, int_hash, mix, xxprime_5,
+)
+
 cdef extern from "Python.h":
-    ctypedef Py_ssize_t Py_hash_t
-    ctypedef size_t Py_uhash_t
     object PySequence_Fast(object o, const char* m)
     Py_ssize_t PySequence_Fast_GET_SIZE(object o)
     PyObject** PySequence_Fast_ITEMS(object o)
     PyObject* PyList_GET_ITEM(object l, Py_ssize_t i)
-
-cdef Py_uhash_t XXPRIME_1 = 11400714785074694791ULL
-cdef Py_uhash_t XXPRIME_2 = 14029467366897019727ULL
-cdef Py_uhash_t XXPRIME_5 = 2870177450012600261ULL
-cdef uint64_t MODULUS = (<uint64_t>1 << 61) - 1
-
-
-cdef inline Py_hash_t int_hash(int64_t v) noexcept:
-    """CPython's hash of an int in the int64 range (reduced modulo 2**61 - 1, sign kept, -1 -> -2)."""
-    cdef uint64_t a
-    cdef Py_hash_t r
-    if v < 0:
-        a = (<uint64_t>0 - <uint64_t>v) % MODULUS
-        r = -<Py_hash_t>a
-    else:
-        r = <Py_hash_t>(<uint64_t>v % MODULUS)
-    if r == -1:
-        r = -2
-    return r
-
-
-cdef inline Py_uhash_t mix(Py_uhash_t acc, Py_uhash_t lane) noexcept:
-    acc += lane * XXPRIME_2
-    acc = (acc << 31) | (acc >> 33)
-    return acc * XXPRIME_1
-
-
-cdef inline Py_hash_t finish(Py_uhash_t acc, Py_ssize_t length) noexcept:
-    acc += (<Py_uhash_t>length) ^ (XXPRIME_5 ^ 3527539UL)
-    if acc == <Py_uhash_t>-1:
-        return 1546275796
-    return <Py_hash_t>acc
 
 
 def tuple_hash_constants_ok():
     """Whether the mix above is this interpreter's tuple hash (checked on a few tuples of ints)."""
     cdef Py_uhash_t acc
     for t in ((), (1,), (1, 2, 3), (-1, 2**40, -(2**62)), tuple(range(16))):
-        acc = XXPRIME_5
+        acc = xxprime_5()
         for item in t:
             acc = mix(acc, <Py_uhash_t>PyObject_Hash(item))
         if finish(acc, len(t)) != hash(t):
@@ -78,25 +48,29 @@ def chain_hashes(token_ids, Py_ssize_t block_size, int64_t parent):
     """``[h := hash((h, tuple(block))) for each full block of token_ids]``, from ``h = parent``."""
     cdef object seq = PySequence_Fast(token_ids, "token ids must be a sequence")
     cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq)
-    cdef PyObject** items = PySequence_Fast_ITEMS(seq)
     cdef Py_ssize_t blocks = n // block_size
     cdef Py_ssize_t b, i, base
-    cdef Py_uhash_t inner, outer
+    cdef Py_uhash_t inner
     cdef Py_hash_t lane
-    cdef int64_t h = parent
+    cdef Py_hash_t h = parent
     cdef list out = PyList_New(blocks)
     cdef object value
+    cdef object item
     for b in range(blocks):
-        inner = XXPRIME_5
+        inner = xxprime_5()
         base = b * block_size
         for i in range(block_size):
-            lane = PyObject_Hash(<object>items[base + i])
+            # The items pointer is borrowed from ``seq`` (token_ids itself when it is a list): read it again for
+            # every item, after anything that may run Python code (an allocation starting the GC, a token id's
+            # ``__hash__``) and could have resized the list meanwhile.
+            if PySequence_Fast_GET_SIZE(seq) != n:
+                raise RuntimeError("token ids changed size while they were hashed")
+            item = <object>PySequence_Fast_ITEMS(seq)[base + i]
+            lane = PyObject_Hash(item)
             if lane == -1:
                 raise TypeError("unhashable token id")
             inner = mix(inner, <Py_uhash_t>lane)
-        outer = mix(XXPRIME_5, <Py_uhash_t>int_hash(h))
-        outer = mix(outer, <Py_uhash_t>finish(inner, block_size))
-        h = finish(outer, 2)
+        h = chain_step(h, finish(inner, block_size))
         value = PyLong_FromSsize_t(h)
         Py_INCREF(value)
         PyList_SET_ITEM(out, b, value)
@@ -121,6 +95,8 @@ def overlap_walk(dict held, dict predicted, list hashes, uint64_t current):
     cdef list out = []
     cdef object h
     for position in range(1, n):
+        if position >= PyList_GET_SIZE(hashes):
+            raise RuntimeError("hashes changed size during the walk")
         h = <object>PyList_GET_ITEM(hashes, position)
         mask = mask_of(PyDict_GetItem(held, h))
         if with_predicted:
@@ -139,13 +115,13 @@ def store_precise(dict held, dict lru, hashes, uint64_t bit, object no_expiry):
     """``PrefixIndex.stored``'s loop for a precise worker of slot bit ``bit``: each hash marked held and moved to the
     end of the worker's LRU."""
     cdef object seq = PySequence_Fast(hashes, "hashes must be a sequence")
-    cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq)
-    cdef PyObject** items = PySequence_Fast_ITEMS(seq)
     cdef Py_ssize_t i
     cdef uint64_t mask
     cdef object h
-    for i in range(n):
-        h = <object>items[i]
+    for i in range(PySequence_Fast_GET_SIZE(seq)):
+        if i >= PySequence_Fast_GET_SIZE(seq):  # the allocations below may run the GC: never trust an old pointer
+            raise RuntimeError("hashes changed size while they were stored")
+        h = <object>PySequence_Fast_ITEMS(seq)[i]
         mask = mask_of(PyDict_GetItem(held, h))
         if mask & bit:
             PyDict_DelItem(lru, h)
@@ -157,14 +133,14 @@ def store_precise(dict held, dict lru, hashes, uint64_t bit, object no_expiry):
 def remove(dict held, dict lru, hashes, uint64_t bit):
     """``PrefixIndex.removed``'s loop: each hash the worker's LRU has is dropped from it and its bit cleared."""
     cdef object seq = PySequence_Fast(hashes, "hashes must be a sequence")
-    cdef Py_ssize_t n = PySequence_Fast_GET_SIZE(seq)
-    cdef PyObject** items = PySequence_Fast_ITEMS(seq)
     cdef Py_ssize_t i
     cdef uint64_t mask
     cdef object h
     cdef uint64_t keep = ~bit
-    for i in range(n):
-        h = <object>items[i]
+    for i in range(PySequence_Fast_GET_SIZE(seq)):
+        if i >= PySequence_Fast_GET_SIZE(seq):
+            raise RuntimeError("hashes changed size while they were removed")
+        h = <object>PySequence_Fast_ITEMS(seq)[i]
         if PyDict_GetItem(lru, h) == NULL:
             continue
         PyDict_DelItem(lru, h)

@@ -15,6 +15,11 @@ What it does with each event:
 Only events for the configured media (``GPU``; nil counts as GPU) and KV cache group (0) are applied; others are
 counted and ignored (a CPU-offload tier's removal must not unmark the GPU copy).
 
+A vLLM message can take a compiled path instead (``_kvwire.apply_message``, when built: see ``native.py``): it reads
+the message's bytes and does what ``apply(decode_message(frames))`` does, calling back into this class for the
+sequence check, clears, the chain root, translation pruning and the index; what it does not recognise it leaves to
+``apply``. It reads the applier's own tables, so the two paths may be mixed on one worker's stream.
+
 Sequence numbers: the next batch must be ``last + 1``. A jump means batches were lost (a slow subscriber past the
 publisher's high-water mark, a reconnect): logged and counted, and then ``on_gap`` decides: ``keep`` (default) keeps
 the entries — the per-worker LRU bound is the engine's capacity and follows roughly its eviction order, so entries
@@ -195,7 +200,7 @@ class EventApplier:
             stats.skipped_blocks += count
             return None
         if engine_parent is None:
-            parent = ROOT if lora_name is None else _adapter_root(lora_name)
+            parent = self._chain_root(lora_name)
         else:
             found = self._ours.get(engine_parent)
             if found is None:
@@ -212,6 +217,11 @@ class EventApplier:
         self._ours.update(zip(engine_hashes, ours, strict=False))
         stats.stored_blocks += usable
         return ours
+
+    @staticmethod
+    def _chain_root(lora_name: str | None) -> BlockHash:
+        """The parent of a sequence's first block: the base model's root, or the LoRA adapter's."""
+        return ROOT if lora_name is None else _adapter_root(lora_name)
 
     def _removed(self, event: BlockRemoved) -> list[BlockHash] | None:
         """Our hashes of the event's blocks that we knew (translations dropped, index not yet updated)."""

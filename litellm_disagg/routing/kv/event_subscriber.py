@@ -9,6 +9,11 @@ socket).
 
 One asyncio task per worker. After each message it waits for, it drains what the socket has (up to ``max_burst``
 messages) before yielding to the event loop, so a busy stream costs one wake-up per burst, not one per message.
+
+Each message takes the compiled path when there is one for the worker's wire format (``wire``, from the engine
+adapter's ``kv_event_wire``; ``native.wire`` built): ``_kvwire.apply_message`` reads the bytes and applies them in
+one call. A message it does not recognise (or every message, without the extension) goes through the engine's
+``decode`` and ``EventApplier.apply``; both give the same index. ``fast_messages`` counts the compiled ones.
 """
 
 from __future__ import annotations
@@ -22,7 +27,8 @@ from collections.abc import Callable, Sequence
 import zmq
 import zmq.asyncio
 
-from litellm_disagg.engines.base import EventBatch, MalformedBatch
+from litellm_disagg.engines.base import EventBatch, KVEventWire, MalformedBatch
+from litellm_disagg.routing.kv import native
 from litellm_disagg.routing.kv.event_applier import EventApplier
 
 logger = logging.getLogger(__name__)
@@ -36,6 +42,17 @@ def check_endpoint(endpoint: str) -> str:
     if not endpoint.startswith(("tcp://", "ipc://")) or "*" in endpoint:
         raise BadEndpoint(f"cannot subscribe to {endpoint!r}: need tcp://host:port (or ipc://path) to connect to")
     return endpoint
+
+
+FastApply = Callable[[EventApplier, list[bytes]], bool]
+"""``apply_message(applier, frames)``: True when it applied the message, False (nothing done) for the Python path."""
+
+
+def compiled_path(wire: KVEventWire | None) -> FastApply | None:
+    """The compiled decode-and-apply for a wire format, when built (and not disabled by the environment)."""
+    if wire is KVEventWire.VLLM and native.wire is not None:
+        return native.wire.apply_message  # type: ignore[no-any-return]
+    return None
 
 
 class KVEventSubscriber:
@@ -52,13 +69,18 @@ class KVEventSubscriber:
         reconnect_interval_max_s: float = 5.0,
         heartbeat_s: float = 2.0,
         max_burst: int = 1000,
+        wire: KVEventWire | None = None,
     ):
         self.endpoint = check_endpoint(endpoint)
         self.applier = applier
         self.decode = decode
         """The worker's engine's wire decoder (``EngineAdapter.decode_kv_events``)."""
         self.max_burst = max_burst
+        self.fast_apply = compiled_path(wire)
+        """The compiled path for the worker's wire format, or None (every message through ``decode``)."""
         self.messages = 0
+        self.fast_messages = 0
+        """Messages the compiled path applied (the others went through ``decode`` and ``EventApplier.apply``)."""
         self.last_message_at: float | None = None
         self._socket: zmq.asyncio.Socket = context.socket(zmq.SUB)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -100,19 +122,30 @@ class KVEventSubscriber:
         # The first message through the asyncio socket (it waits without blocking the loop), the rest of the burst
         # through a plain shadow of the same ZMQ socket: a non-blocking receive there costs no future.
         drain: zmq.Socket[bytes] = zmq.Socket.shadow(self._socket.underlying)
+        receive = drain.recv_multipart
+        handle = self._handle
         while True:
-            self._handle(await self._socket.recv_multipart())
+            handle(await self._socket.recv_multipart())
             for _ in range(self.max_burst - 1):
                 try:
-                    frames = drain.recv_multipart(flags=zmq.NOBLOCK)
+                    frames = receive(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                self._handle(frames)
+                handle(frames)
             await asyncio.sleep(0)
 
     def _handle(self, frames: list[bytes]) -> None:
         self.messages += 1
         self.last_message_at = time.monotonic()
+        fast = self.fast_apply
+        if fast is not None:
+            try:
+                if fast(self.applier, frames):
+                    self.fast_messages += 1
+                    return
+            except Exception:  # a bug here must not end the subscription
+                logger.exception("worker %s: applying KV events (compiled path) failed", self.worker_id)
+                return
         try:
             batch = self.decode(frames)
         except MalformedBatch as exc:

@@ -2,10 +2,13 @@
 
 ``_kvcore`` (Cython, built in place by ``scripts/build_native.sh``, which ``scripts/setup.sh`` runs) holds compiled
 twins of the hot loops: ``block_hash.chain_hashes`` and ``PrefixIndex``'s prefix walk, precise store and removal.
-Each twin returns what its Python definition returns on the same inputs (``tests/kv/test_native.py`` runs both on
-the same inputs and compares). The package imports and works without it:
+``_kvwire`` (built by the same script) is the compiled KV-event path: one vLLM message read from its msgpack bytes
+and applied to an ``EventApplier`` (``apply_message``), the twin of ``decode_message`` + ``EventApplier.apply``.
+Each twin returns what its Python definition returns on the same inputs (``tests/kv/test_native.py`` and
+``tests/kv/test_kv_wire.py`` run both on the same inputs and compare). The package imports and works without them:
 
 - ``NATIVE``: whether the compiled core is in use; ``WHY``: why not (missing, disabled, failed its check);
+- ``wire``: ``_kvwire`` when it is built and the compiled core is in use (it computes the same hashes), else None;
 - ``LITELLM_DISAGG_PURE_PYTHON=1`` in the environment disables it (the comparison tests and benchmarks use it);
 - at import the compiled block hash is checked against the Python definition (CPython's tuple hash, which the
   compiled code repeats without building tuples); any difference, e.g. another interpreter's tuple hash, disables it.
@@ -50,7 +53,19 @@ def _load() -> tuple[ModuleType | None, str]:
     return _kvcore, ""
 
 
+def _load_wire() -> ModuleType | None:
+    if core is None:
+        return None
+    try:
+        from litellm_disagg.routing.kv import _kvwire  # type: ignore[attr-defined]  # compiled, may be absent
+    except ImportError as exc:
+        logger.debug("compiled KV-event path not in use: not built (%s)", exc)
+        return None
+    return _kvwire
+
+
 core, WHY = _load()
 NATIVE = core is not None
 if not NATIVE:
     logger.debug("compiled KV routing core not in use: %s", WHY)
+wire: ModuleType | None = _load_wire()

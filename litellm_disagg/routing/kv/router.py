@@ -264,6 +264,7 @@ class KVRouter:
                     endpoint,
                     applier,
                     decode=engine_for(worker).adapter.decode_kv_events,
+                    wire=engine_for(worker).adapter.kv_event_wire,
                     context=self._context(),
                     topic=events.topic,
                     rcvhwm=events.rcvhwm,

@@ -1,0 +1,759 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, infer_types=False
+"""Compiled KV-event path: one vLLM ZMQ message, read from its msgpack bytes and applied to an ``EventApplier``.
+
+``apply_message(applier, frames) -> bool`` is the compiled twin of
+``applier.apply(engines.vllm.kv_events.decode_message(frames))`` for the message shape vLLM sends (an array-like
+batch ``[ts, [event map, ...], rank]`` of map-encoded ``BlockStored`` / ``BlockRemoved`` / ``AllBlocksCleared``
+events): it builds no Python object per token id or per event, computes the router's block hashes straight from the
+``token_ids`` bytes (the same values as ``block_hash.chain_hashes``: the shared mix of ``_tuplehash.pxd``), and hands
+the index one list per run of stores or removals, as ``EventApplier.apply`` does.
+
+It returns False, having changed nothing, for anything it does not recognise or cannot read: the caller then runs
+the Python decoder and applier on the same frames, which decode it, skip what they do not know, or reject it
+(``MalformedBatch``). So what this path accepts, it applies exactly as the Python path would; the rest is the Python
+path. Not recognised: another frame count or sequence frame size, array-like events (older vLLM), event types other
+than the three, LoRA ids or names that are not int / str, ``extra_keys`` holding anything but nils, duplicate keys,
+non-str map keys, trailing bytes, nesting deeper than ``MAX_DEPTH`` in skipped values, invalid UTF-8 anywhere in a
+string it reads or skips.
+
+The bytes come from the network: every read is bounds-checked against the payload's length (lengths larger than
+what is left, truncation, wrong types all end in False), nothing is allocated from a length before that length was
+checked against the bytes left, and nested values are skipped iteratively up to ``MAX_DEPTH`` levels.
+
+Two passes: the first reads and checks the whole payload without side effects (recording where each event's fields
+are), the second applies it (sequence check, translations, hashes, index), so a payload rejected half-way changes
+nothing.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
+from cpython.long cimport PyLong_AsLongLong, PyLong_FromLongLong, PyLong_FromSsize_t, PyLong_FromUnsignedLongLong
+from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport int64_t, uint64_t
+from libc.string cimport memcmp
+
+from litellm_disagg.routing.kv._tuplehash cimport (
+    Py_hash_t, Py_uhash_t, chain_step, finish, int_hash, mix, uint_hash, xxprime_5,
+)
+
+import time as _time_module
+
+_now = _time_module.time
+
+MAX_DEPTH = 32
+cdef int C_MAX_DEPTH = 32
+
+cdef enum:
+    STORED = 1
+    REMOVED = 2
+    CLEARED = 3
+
+# Known event fields (bits of a seen-mask: a key met twice is not recognised).
+cdef enum:
+    F_TYPE = 1
+    F_HASHES = 2
+    F_PARENT = 4
+    F_TOKENS = 8
+    F_BLOCK_SIZE = 16
+    F_LORA_ID = 32
+    F_MEDIUM = 64
+    F_LORA_NAME = 128
+    F_EXTRA = 256
+    F_GROUP = 512
+
+
+cdef struct Reader:
+    const unsigned char* p
+    Py_ssize_t pos
+    Py_ssize_t end
+
+
+cdef struct Int:
+    int64_t v
+    bint big  # v holds a uint64 above INT64_MAX (as its bits)
+
+
+cdef struct Event:
+    int kind
+    Py_ssize_t hashes_pos
+    Py_ssize_t n_hashes
+    bint has_parent
+    Py_ssize_t parent_pos
+    Py_ssize_t tokens_pos
+    Py_ssize_t n_tokens
+    Int block_size
+    int medium  # 0: nil or absent, 1: "GPU", 2: another string (at medium_pos, medium_len)
+    Py_ssize_t medium_pos
+    Py_ssize_t medium_len
+    int lora  # 0: none, 1: lora_name (at lora_pos, lora_len), 2: lora_id only
+    Py_ssize_t lora_pos
+    Py_ssize_t lora_len
+    Int lora_id
+    bint has_group
+    Int group
+
+
+cdef struct Batch:
+    double ts
+    Event* events
+    Py_ssize_t n_events
+    Py_ssize_t capacity
+
+
+# -- reading msgpack, every read checked ------------------------------------------------------------------------------
+
+
+cdef inline uint64_t be(const unsigned char* p, int n) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(n):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef inline bint has(Reader* r, Py_ssize_t n) noexcept nogil:
+    return n >= 0 and r.end - r.pos >= n
+
+
+cdef int read_int(Reader* r, Int* out) noexcept nogil:
+    """Any msgpack integer (not bool, not float). 0, or -1 when the next value is not one or is cut short."""
+    cdef unsigned char b
+    cdef int n
+    cdef uint64_t u
+    if not has(r, 1):
+        return -1
+    b = r.p[r.pos]
+    out.big = False
+    if b <= 0x7f:
+        out.v = b
+        r.pos += 1
+        return 0
+    if b >= 0xe0:
+        out.v = <int64_t>(<signed char>b)
+        r.pos += 1
+        return 0
+    if 0xcc <= b <= 0xcf:
+        n = 1 << (b - 0xcc)
+        if not has(r, 1 + n):
+            return -1
+        u = be(r.p + r.pos + 1, n)
+        out.v = <int64_t>u
+        out.big = u > <uint64_t>0x7FFFFFFFFFFFFFFF
+        r.pos += 1 + n
+        return 0
+    if 0xd0 <= b <= 0xd3:
+        n = 1 << (b - 0xd0)
+        if not has(r, 1 + n):
+            return -1
+        u = be(r.p + r.pos + 1, n)
+        if n == 1:
+            out.v = <signed char>u
+        elif n == 2:
+            out.v = <short>u
+        elif n == 4:
+            out.v = <int>u
+        else:
+            out.v = <int64_t>u
+        r.pos += 1 + n
+        return 0
+    return -1
+
+
+cdef int read_len(Reader* r, unsigned char fix_lo, unsigned char fix_hi, unsigned char fix_mask,
+                  unsigned char b8, unsigned char b16, unsigned char b32, Py_ssize_t* n) noexcept nogil:
+    """A header: fix form (fix_lo..fix_hi, length in fix_mask bits) or 8/16/32-bit length (b8 0: no 8-bit form)."""
+    cdef unsigned char b
+    cdef int width
+    if not has(r, 1):
+        return -1
+    b = r.p[r.pos]
+    if fix_lo <= b <= fix_hi:
+        n[0] = b & fix_mask
+        r.pos += 1
+        return 0
+    if b8 != 0 and b == b8:
+        width = 1
+    elif b == b16:
+        width = 2
+    elif b == b32:
+        width = 4
+    else:
+        return -1
+    if not has(r, 1 + width):
+        return -1
+    n[0] = <Py_ssize_t>be(r.p + r.pos + 1, width)
+    r.pos += 1 + width
+    return 0
+
+
+cdef int read_array(Reader* r, Py_ssize_t* n) noexcept nogil:
+    """An array header; its length is checked against the bytes left (every item takes at least one byte)."""
+    if read_len(r, 0x90, 0x9f, 0x0f, 0, 0xdc, 0xdd, n) < 0 or not has(r, n[0]):
+        return -1
+    return 0
+
+
+cdef int read_map(Reader* r, Py_ssize_t* n) noexcept nogil:
+    if read_len(r, 0x80, 0x8f, 0x0f, 0, 0xde, 0xdf, n) < 0 or n[0] > (r.end - r.pos) // 2:
+        return -1
+    return 0
+
+
+cdef int read_str(Reader* r, Py_ssize_t* start, Py_ssize_t* n) noexcept nogil:
+    """A str's bytes (not checked as UTF-8 here: ``utf8_ok``)."""
+    if read_len(r, 0xa0, 0xbf, 0x1f, 0xd9, 0xda, 0xdb, n) < 0 or not has(r, n[0]):
+        return -1
+    start[0] = r.pos
+    r.pos += n[0]
+    return 0
+
+
+cdef int read_bin(Reader* r, Py_ssize_t* start, Py_ssize_t* n) noexcept nogil:
+    cdef unsigned char b
+    cdef int width
+    if not has(r, 1):
+        return -1
+    b = r.p[r.pos]
+    if b == 0xc4:
+        width = 1
+    elif b == 0xc5:
+        width = 2
+    elif b == 0xc6:
+        width = 4
+    else:
+        return -1
+    if not has(r, 1 + width):
+        return -1
+    n[0] = <Py_ssize_t>be(r.p + r.pos + 1, width)
+    r.pos += 1 + width
+    if not has(r, n[0]):
+        return -1
+    start[0] = r.pos
+    r.pos += n[0]
+    return 0
+
+
+cdef inline bint at_nil(Reader* r) noexcept nogil:
+    return has(r, 1) and r.p[r.pos] == 0xc0
+
+
+cdef int read_float(Reader* r, double* out) noexcept nogil:
+    """A float32, a float64 or an integer (msgspec reads an integer into a float field)."""
+    cdef unsigned char b
+    cdef uint64_t u
+    cdef unsigned int u32
+    cdef Int i
+    if not has(r, 1):
+        return -1
+    b = r.p[r.pos]
+    if b == 0xcb:
+        if not has(r, 9):
+            return -1
+        u = be(r.p + r.pos + 1, 8)
+        out[0] = (<double*>&u)[0]
+        r.pos += 9
+        return 0
+    if b == 0xca:
+        if not has(r, 5):
+            return -1
+        u32 = <unsigned int>be(r.p + r.pos + 1, 4)
+        out[0] = <double>(<float*>&u32)[0]
+        r.pos += 5
+        return 0
+    if read_int(r, &i) < 0:
+        return -1
+    out[0] = <double>(<uint64_t>i.v) if i.big else <double>i.v
+    return 0
+
+
+cdef bint utf8_ok(const unsigned char* p, Py_ssize_t n):
+    try:
+        PyUnicode_DecodeUTF8(<const char*>p, n, NULL)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+cdef int skip(Reader* r):
+    """Skip one value of any type, nested up to C_MAX_DEPTH levels (iteratively: a count of values still to skip
+    per level). Strings must be valid UTF-8, as the Python decoder's generic path requires."""
+    cdef Py_ssize_t pending[33]
+    cdef int depth = 0
+    cdef unsigned char b
+    cdef Py_ssize_t n, start
+    cdef int width
+    cdef Int i
+    cdef double d
+    pending[0] = 1
+    while True:
+        while depth >= 0 and pending[depth] == 0:
+            depth -= 1
+        if depth < 0:
+            return 0
+        pending[depth] -= 1
+        if not has(r, 1):
+            return -1
+        b = r.p[r.pos]
+        if b <= 0x7f or b >= 0xe0 or 0xcc <= b <= 0xd3:
+            if read_int(r, &i) < 0:
+                return -1
+        elif b == 0xc0 or b == 0xc2 or b == 0xc3:
+            r.pos += 1
+        elif b == 0xca or b == 0xcb:
+            if read_float(r, &d) < 0:
+                return -1
+        elif 0xa0 <= b <= 0xbf or 0xd9 <= b <= 0xdb:
+            if read_str(r, &start, &n) < 0 or not utf8_ok(r.p + start, n):
+                return -1
+        elif 0xc4 <= b <= 0xc6:
+            if read_bin(r, &start, &n) < 0:
+                return -1
+        elif 0x90 <= b <= 0x9f or b == 0xdc or b == 0xdd or 0x80 <= b <= 0x8f or b == 0xde or b == 0xdf:
+            if 0x80 <= b <= 0x8f or b >= 0xde:
+                if read_map(r, &n) < 0:
+                    return -1
+                n *= 2
+            elif read_array(r, &n) < 0:
+                return -1
+            if n:
+                if depth + 1 > C_MAX_DEPTH:
+                    return -1
+                depth += 1
+                pending[depth] = n
+        elif 0xd4 <= b <= 0xd8:  # fixext 1, 2, 4, 8, 16: type byte + data
+            n = 1 << (b - 0xd4)
+            if not has(r, 2 + n):
+                return -1
+            r.pos += 2 + n
+        elif 0xc7 <= b <= 0xc9:  # ext 8, 16, 32: length, type byte, data
+            width = 1 << (b - 0xc7)
+            if not has(r, 1 + width):
+                return -1
+            n = <Py_ssize_t>be(r.p + r.pos + 1, width)
+            r.pos += 1 + width
+            if not has(r, 1 + n):
+                return -1
+            r.pos += 1 + n
+        else:  # 0xc1: never used
+            return -1
+
+
+cdef inline bint key_is(Reader* r, Py_ssize_t start, Py_ssize_t n, const char* name, Py_ssize_t name_len) noexcept nogil:
+    return n == name_len and memcmp(r.p + start, name, n) == 0
+
+
+cdef int event_kind(Reader* r, Py_ssize_t start, Py_ssize_t n) noexcept nogil:
+    if key_is(r, start, n, b"BlockStored", 11):
+        return STORED
+    if key_is(r, start, n, b"BlockRemoved", 12):
+        return REMOVED
+    if key_is(r, start, n, b"AllBlocksCleared", 16):
+        return CLEARED
+    return -1
+
+
+cdef int find_kind(Reader r, Py_ssize_t entries):
+    """The event's ``type`` (read on a copy of the reader): first key as vLLM writes it, else anywhere."""
+    cdef Py_ssize_t i, start, n
+    for i in range(entries):
+        if read_str(&r, &start, &n) < 0:
+            return -1
+        if key_is(&r, start, n, b"type", 4):
+            if read_str(&r, &start, &n) < 0:
+                return -1
+            return event_kind(&r, start, n)
+        if skip(&r) < 0:
+            return -1
+    return -1
+
+
+cdef int read_hashes(Reader* r, Py_ssize_t* pos, Py_ssize_t* count):
+    """An array of engine block hashes, each an integer or bin."""
+    cdef Py_ssize_t n, i, start, length
+    cdef Int v
+    if read_array(r, &n) < 0:
+        return -1
+    pos[0] = r.pos
+    count[0] = n
+    for i in range(n):
+        if has(r, 1) and 0xc4 <= r.p[r.pos] <= 0xc6:
+            if read_bin(r, &start, &length) < 0:
+                return -1
+        elif read_int(r, &v) < 0:
+            return -1
+    return 0
+
+
+cdef int read_opt_int(Reader* r, bint* present, Int* out) noexcept nogil:
+    if at_nil(r):
+        r.pos += 1
+        present[0] = False
+        return 0
+    present[0] = True
+    return read_int(r, out)
+
+
+cdef int read_event(Reader* r, Event* e):
+    cdef Py_ssize_t entries, k, start, n, i
+    cdef int seen = 0
+    cdef int bit
+    cdef Int v
+    cdef bint present
+    if read_map(r, &entries) < 0:
+        return -1
+    e.kind = find_kind(r[0], entries)
+    if e.kind < 0:
+        return -1
+    e.has_parent = False
+    e.medium = 0
+    e.lora = 0
+    e.has_group = False
+    e.n_hashes = 0
+    e.n_tokens = 0
+    for k in range(entries):
+        if read_str(r, &start, &n) < 0:
+            return -1
+        bit = 0
+        if key_is(r, start, n, b"type", 4):
+            bit = F_TYPE
+        elif key_is(r, start, n, b"block_hashes", 12):
+            bit = F_HASHES
+        elif key_is(r, start, n, b"medium", 6):
+            bit = F_MEDIUM
+        elif key_is(r, start, n, b"group_idx", 9):
+            bit = F_GROUP
+        elif e.kind == STORED:
+            if key_is(r, start, n, b"parent_block_hash", 17):
+                bit = F_PARENT
+            elif key_is(r, start, n, b"token_ids", 9):
+                bit = F_TOKENS
+            elif key_is(r, start, n, b"block_size", 10):
+                bit = F_BLOCK_SIZE
+            elif key_is(r, start, n, b"lora_id", 7):
+                bit = F_LORA_ID
+            elif key_is(r, start, n, b"lora_name", 9):
+                bit = F_LORA_NAME
+            elif key_is(r, start, n, b"extra_keys", 10):
+                bit = F_EXTRA
+        if bit == F_TYPE or (bit != 0 and e.kind == CLEARED):
+            # the tag (read by find_kind), or a field a cleared event does not have (msgspec skips those)
+            if bit == F_TYPE and seen & F_TYPE:
+                return -1
+            seen |= F_TYPE if bit == F_TYPE else 0
+            if skip(r) < 0:
+                return -1
+            continue
+        if bit == 0:  # a field this event type does not have (msgspec ignores unknown fields)
+            if not utf8_ok(r.p + start, n) or skip(r) < 0:
+                return -1
+            continue
+        if seen & bit:
+            return -1
+        seen |= bit
+        if bit == F_HASHES:
+            if read_hashes(r, &e.hashes_pos, &e.n_hashes) < 0:
+                return -1
+        elif bit == F_MEDIUM:
+            if at_nil(r):
+                r.pos += 1
+            else:
+                if read_str(r, &e.medium_pos, &e.medium_len) < 0:
+                    return -1
+                if key_is(r, e.medium_pos, e.medium_len, b"GPU", 3):
+                    e.medium = 1
+                elif utf8_ok(r.p + e.medium_pos, e.medium_len):
+                    e.medium = 2
+                else:
+                    return -1
+        elif bit == F_GROUP:
+            if read_opt_int(r, &e.has_group, &e.group) < 0:
+                return -1
+        elif bit == F_PARENT:
+            if at_nil(r):
+                r.pos += 1
+            else:
+                e.has_parent = True
+                e.parent_pos = r.pos
+                if has(r, 1) and 0xc4 <= r.p[r.pos] <= 0xc6:
+                    if read_bin(r, &start, &n) < 0:
+                        return -1
+                elif read_int(r, &v) < 0:
+                    return -1
+        elif bit == F_TOKENS:
+            if read_array(r, &e.n_tokens) < 0:
+                return -1
+            e.tokens_pos = r.pos
+            for i in range(e.n_tokens):
+                if read_int(r, &v) < 0:
+                    return -1
+        elif bit == F_BLOCK_SIZE:
+            if read_int(r, &e.block_size) < 0:
+                return -1
+        elif bit == F_LORA_ID:
+            if read_opt_int(r, &present, &e.lora_id) < 0:
+                return -1
+            if present and e.lora == 0:
+                e.lora = 2
+        elif bit == F_LORA_NAME:
+            if at_nil(r):
+                r.pos += 1
+            else:
+                if read_str(r, &e.lora_pos, &e.lora_len) < 0 or not utf8_ok(r.p + e.lora_pos, e.lora_len):
+                    return -1
+                e.lora = 1
+        elif bit == F_EXTRA:  # nil, or one nil per block: nothing else hashed (anything else: the Python path)
+            if at_nil(r):
+                r.pos += 1
+            else:
+                if read_array(r, &n) < 0:
+                    return -1
+                for i in range(n):
+                    if not at_nil(r):
+                        return -1
+                    r.pos += 1
+    if e.kind == STORED and (seen & (F_HASHES | F_TOKENS | F_BLOCK_SIZE)) != (F_HASHES | F_TOKENS | F_BLOCK_SIZE):
+        return -1
+    if e.kind == REMOVED and not (seen & F_HASHES):
+        return -1
+    return 0
+
+
+cdef int read_batch(Reader* r, Batch* batch):
+    cdef Py_ssize_t items, n, i
+    cdef Event* grown
+    cdef Int rank
+    cdef bint present
+    if read_array(r, &items) < 0 or not (2 <= items <= 3):
+        return -1
+    if read_float(r, &batch.ts) < 0:
+        return -1
+    if read_array(r, &n) < 0:
+        return -1
+    for i in range(n):
+        if batch.n_events == batch.capacity:
+            grown = <Event*>PyMem_Realloc(batch.events, (2 * batch.capacity + 4) * sizeof(Event))
+            if grown == NULL:
+                return -1
+            batch.events = grown
+            batch.capacity = 2 * batch.capacity + 4
+        if read_event(r, &batch.events[batch.n_events]) < 0:
+            return -1
+        batch.n_events += 1
+    if items == 3 and read_opt_int(r, &present, &rank) < 0:
+        return -1
+    if r.pos != r.end:
+        return -1
+    return 0
+
+
+# -- applying ---------------------------------------------------------------------------------------------------------
+
+
+cdef object int_object(Int v):
+    if v.big:
+        return PyLong_FromUnsignedLongLong(<uint64_t>v.v)
+    return PyLong_FromLongLong(v.v)
+
+
+cdef object hash_object(Reader* r):
+    """The engine hash at the reader (an integer or bin, already checked) as the Python decoder gives it."""
+    cdef Py_ssize_t start, n
+    cdef Int v
+    if has(r, 1) and 0xc4 <= r.p[r.pos] <= 0xc6:
+        if read_bin(r, &start, &n) < 0:
+            raise AssertionError("engine hash changed between the passes")
+        return PyBytes_FromStringAndSize(<const char*>(r.p + start), n)
+    if read_int(r, &v) < 0:
+        raise AssertionError("engine hash changed between the passes")
+    return int_object(v)
+
+
+cdef bint wanted(Event* e, Reader* r, object media, object kv_group) except -1:
+    """``EventApplier``'s test: the event's medium among ``media`` and its group nil or ``kv_group``."""
+    cdef object medium
+    if e.medium == 0:
+        medium = None
+    elif e.medium == 1:
+        medium = "GPU"
+    else:
+        medium = PyUnicode_DecodeUTF8(<const char*>(r.p + e.medium_pos), e.medium_len, NULL)
+    if medium not in media:
+        return False
+    if e.has_group and int_object(e.group) != kv_group:
+        return False
+    return True
+
+
+cdef list stored_hashes(Event* e, Reader* r, dict ours, object applier, Py_ssize_t size, Py_ssize_t* skipped):
+    """``EventApplier._stored`` after its medium and group test: our hashes of the event's blocks (translations
+    updated), or None when they cannot be rebuilt (counted in ``skipped``)."""
+    cdef Py_ssize_t count = e.n_hashes
+    cdef Py_ssize_t b, i
+    cdef PyObject* found
+    cdef object parent_obj
+    cdef object lora
+    cdef Py_hash_t h
+    cdef Py_uhash_t inner
+    cdef Int token
+    cdef Reader hashes_reader
+    cdef list out
+    cdef object ours_h
+    if e.block_size.big or e.block_size.v != size or e.n_tokens % size != 0 or e.n_tokens // size != count:
+        skipped[0] += count
+        return None
+    if not e.has_parent:
+        if e.lora == 1:
+            lora = PyUnicode_DecodeUTF8(<const char*>(r.p + e.lora_pos), e.lora_len, NULL)
+        elif e.lora == 2:
+            lora = str(int_object(e.lora_id))
+        else:
+            lora = None
+        h = PyLong_AsLongLong(applier._chain_root(lora))
+    else:
+        r.pos = e.parent_pos
+        parent_obj = hash_object(r)
+        found = PyDict_GetItem(ours, parent_obj)
+        if found == NULL:
+            skipped[0] += count
+            return None
+        h = PyLong_AsLongLong(<object>found)
+    out = [None] * count
+    r.pos = e.tokens_pos
+    hashes_reader = r[0]
+    hashes_reader.pos = e.hashes_pos
+    for b in range(count):
+        inner = xxprime_5()
+        for i in range(size):
+            if read_int(r, &token) < 0:
+                raise AssertionError("token ids changed between the passes")
+            inner = mix(inner, <Py_uhash_t>(uint_hash(<uint64_t>token.v) if token.big else int_hash(token.v)))
+        h = chain_step(h, finish(inner, size))
+        ours_h = PyLong_FromSsize_t(h)
+        out[b] = ours_h
+        PyDict_SetItem(ours, hash_object(&hashes_reader), ours_h)
+    return out
+
+
+cdef list removed_hashes(Event* e, Reader* r, dict ours):
+    """``EventApplier._removed`` after its medium and group test: our hashes of the blocks we knew (dropped from the
+    translations)."""
+    cdef list out = []
+    cdef Py_ssize_t i
+    cdef object h
+    r.pos = e.hashes_pos
+    for i in range(e.n_hashes):
+        h = ours.pop(hash_object(r), None)
+        if h is not None:
+            out.append(h)
+    return out
+
+
+def apply_message(applier, frames):
+    """``applier.apply(decode_message(frames))`` for a message this module recognises (returns True); False, having
+    done nothing, for any other message (the caller runs the Python path on it)."""
+    cdef Batch batch
+    cdef Reader r
+    cdef object payload, seq_frame
+    cdef Py_ssize_t size
+    if len(frames) != 3:
+        return False
+    seq_frame = frames[1]
+    payload = frames[2]
+    if not PyBytes_CheckExact(seq_frame) or PyBytes_GET_SIZE(seq_frame) != 8 or not PyBytes_CheckExact(payload):
+        return False
+    size = applier.block_size
+    if size < 1:
+        return False
+    r.p = <const unsigned char*>PyBytes_AS_STRING(payload)
+    r.pos = 0
+    r.end = PyBytes_GET_SIZE(payload)
+    batch.events = NULL
+    batch.n_events = 0
+    batch.capacity = 0
+    try:
+        if read_batch(&r, &batch) < 0:
+            return False
+        _apply(applier, &batch, &r, <int64_t>be(<const unsigned char*>PyBytes_AS_STRING(seq_frame), 8), size)
+        return True
+    finally:
+        PyMem_Free(batch.events)
+
+
+cdef _apply(object applier, Batch* batch, Reader* r, int64_t seq_c, Py_ssize_t size):
+    """``EventApplier.apply``, over the events ``read_batch`` recorded."""
+    cdef object seq = PyLong_FromLongLong(seq_c)
+    cdef object stats = applier.stats
+    cdef object last = stats.last_seq
+    cdef Py_ssize_t i
+    cdef Event* e
+    cdef list ours
+    cdef list run = None
+    cdef bint run_stores = False
+    cdef bint stores
+    cdef Py_ssize_t stored_blocks = 0, removed_blocks = 0, ignored = 0, skipped = 0
+    cdef dict translations
+    cdef object index = applier.index
+    cdef object worker_id = applier.worker_id
+    cdef object media = applier.media
+    cdef object kv_group = applier.kv_group
+    if last is not None and seq == last + 1:
+        stats.last_seq = seq
+    elif not applier._in_sequence(seq):
+        return
+    stats.batches += 1
+    stats.last_batch_ts, stats.last_applied_at = batch.ts, _now()
+    translations = applier._ours
+    try:
+        for i in range(batch.n_events):
+            e = &batch.events[i]
+            if e.kind == CLEARED:
+                if run is not None:
+                    _flush(applier, index, worker_id, run, run_stores)
+                    run = None
+                applier._cleared()
+                translations = applier._ours
+                continue
+            if not wanted(e, r, media, kv_group):
+                ignored += 1
+                continue
+            if e.kind == STORED:
+                ours = stored_hashes(e, r, translations, applier, size, &skipped)
+                if ours is not None:
+                    stored_blocks += len(ours)
+                stores = True
+            else:
+                ours = removed_hashes(e, r, translations)
+                removed_blocks += len(ours)
+                stores = False
+            if not ours:
+                continue
+            if run is None:
+                run, run_stores = ours, stores
+            elif stores == run_stores:
+                run.extend(ours)
+            else:
+                _flush(applier, index, worker_id, run, run_stores)
+                translations = applier._ours
+                run, run_stores = ours, stores
+        if run is not None:
+            _flush(applier, index, worker_id, run, run_stores)
+    finally:
+        if stored_blocks:
+            stats.stored_blocks += stored_blocks
+        if removed_blocks:
+            stats.removed_blocks += removed_blocks
+        if ignored:
+            stats.ignored_events += ignored
+        if skipped:
+            stats.skipped_blocks += skipped
+
+
+cdef _flush(object applier, object index, object worker_id, list run, bint stored):
+    if stored:
+        index.stored(worker_id, run)
+        if len(applier._ours) > applier._max_translations:
+            applier._prune_translations()
+    else:
+        index.removed(worker_id, run)
