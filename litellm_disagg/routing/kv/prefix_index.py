@@ -13,9 +13,9 @@ Two layers, one query:
 
 Contracts:
 
-- ``overlap(hashes)`` is side-effect free: ``{worker_id: number of leading blocks held or predicted}``, for workers
-  holding at least the first block. It stops at the first block a worker lacks (a prefix cache can only use a
-  contiguous prefix). Cost: one dict lookup per block until no worker matches (an 8k-token prompt is 512 blocks at
+- ``overlap(hashes)`` is side-effect free: ``{worker_id: number of leading blocks held or predicted}`` (held only with
+  ``predicted=False``), for workers holding at least the first block. It stops at the first block a worker lacks (a
+  prefix cache can only use a contiguous prefix). Cost: one dict lookup per block until no worker matches (an 8k-token prompt is 512 blocks at
   block size 16: tens of microseconds).
 - Time-based expiry (approximate entries, predictions) and the release of a departed or cleared worker's entries
   happen in ``maintain()``, which the owner calls periodically; between two calls, an expired entry may still count.
@@ -217,14 +217,15 @@ class PrefixIndex:
 
     # -- queries ------------------------------------------------------------------------------------------------------
 
-    def overlap(self, hashes: Sequence[BlockHash]) -> dict[str, int]:
-        """``{worker_id: leading blocks of hashes held or predicted}`` for every worker holding the first block."""
+    def overlap(self, hashes: Sequence[BlockHash], *, predicted: bool = True) -> dict[str, int]:
+        """``{worker_id: leading blocks of hashes held or predicted}`` for every worker holding the first block;
+        ``predicted=False``: held blocks only."""
         if not hashes or not self._alive:
             return {}
         held = self._held
-        predicted = self._predicted
-        if predicted:
-            current = (held.get(hashes[0], 0) | predicted.get(hashes[0], 0)) & self._alive
+        predicted_ = self._predicted if predicted else {}
+        if predicted_:
+            current = (held.get(hashes[0], 0) | predicted_.get(hashes[0], 0)) & self._alive
         else:
             current = held.get(hashes[0], 0) & self._alive
         if not current:
@@ -232,14 +233,14 @@ class PrefixIndex:
         out: dict[str, int] = {}
         if _native is not None and len(self._slots) <= _NATIVE_SLOTS and isinstance(hashes, list):
             # The walk below, compiled: (slots that stop, blocks they hold), in the order the walk credits them.
-            for bits, count in _native.overlap_walk(held, predicted, hashes, current):
+            for bits, count in _native.overlap_walk(held, predicted_, hashes, current):
                 self._credit(out, bits, count)
             return out
         position = 1
-        if predicted:
+        if predicted_:
             for position in range(1, len(hashes)):
                 h = hashes[position]
-                mask = (held.get(h, 0) | predicted.get(h, 0)) & current
+                mask = (held.get(h, 0) | predicted_.get(h, 0)) & current
                 if mask != current:
                     self._credit(out, current & ~mask, position)
                     current = mask
@@ -257,6 +258,11 @@ class PrefixIndex:
             position = len(hashes)
         self._credit(out, current, position)
         return out
+
+    @property
+    def has_predictions(self) -> bool:
+        """Whether any worker has a predicted block (``overlap`` then may differ from its held-only form)."""
+        return bool(self._predicted)
 
     def holds(self, worker_id: str, h: BlockHash) -> bool:
         """Whether the worker holds the block (predictions excluded)."""

@@ -35,6 +35,7 @@ from litellm_disagg.routing.kv.block_hash import PromptBlocks
 from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, DisaggDecision, DisaggInputs
 from litellm_disagg.routing.kv.event_applier import ApplierStats, EventApplier
 from litellm_disagg.routing.kv.event_subscriber import BadEndpoint, KVEventSubscriber
+from litellm_disagg.routing.kv.in_flight_prefix import usable_now
 from litellm_disagg.routing.kv.live_sessions import LiveSessions
 from litellm_disagg.routing.kv.load_scraper import LoadScraper, TransferSample
 from litellm_disagg.routing.kv.prefix_index import IndexStats, PrefixIndex
@@ -169,19 +170,31 @@ class KVRouter:
         return await self.tokenizer.remember_answer(model=model, fields=fields, answer=answer)
 
     def context(self, prompt: PromptBlocks | None, candidates: Sequence[RuntimeConfig]) -> ScoringContext:
-        """Cached tokens per candidate (one index query per distinct block size) and their loads."""
+        """Cached tokens per candidate (one index query per distinct block size; a second, of held blocks only, where
+        a candidate's predicted blocks may still be being computed: ``in_flight_prefix.py``) and their loads."""
+        loads, figures = self._loads.snapshot(candidates)
         cached: dict[str, int] = {}
         if prompt is not None and prompt.num_tokens:
             by_size: dict[int, dict[str, int]] = {}
+            held_by_size: dict[int, dict[str, int]] = {}
             for worker in candidates:
                 size = worker.block_size
                 overlap = by_size.get(size)
                 if overlap is None:
                     overlap = by_size[size] = self.index.overlap(prompt.hashes(size))
                 blocks = overlap.get(worker.worker_id, 0)
-                if blocks:
-                    cached[worker.worker_id] = usable_cached_tokens(blocks, size, prompt.num_tokens)
-        loads, figures = self._loads.snapshot(candidates)
+                if not blocks:
+                    continue
+                tokens = usable_cached_tokens(blocks, size, prompt.num_tokens)
+                inflight = loads[worker.worker_id].inflight_prefill_tokens
+                if inflight > 0 and self.index.has_predictions:
+                    held = held_by_size.get(size)
+                    if held is None:
+                        held = held_by_size[size] = self.index.overlap(prompt.hashes(size), predicted=False)
+                    held_tokens = usable_cached_tokens(held.get(worker.worker_id, 0), size, prompt.num_tokens)
+                    tokens = usable_now(tokens, held_tokens, inflight)
+                if tokens:
+                    cached[worker.worker_id] = tokens
         return ScoringContext(
             prompt_tokens=0 if prompt is None else prompt.num_tokens,
             cached_tokens=cached,
