@@ -221,11 +221,13 @@ class SimWorker:
         if self.state in (SimWorkerState.STOPPED, SimWorkerState.CRASHED):
             return
         self.state = SimWorkerState.CRASHED
-        if self._lifecycle is not None:
-            await self._lifecycle.abandon()
+        # Port and engine first, before anything that awaits: a dead process serves nothing more, and stopping the
+        # heartbeat can wait (a registry write in flight under load).
         self._kill_server()
         if self.engine is not None:
             self.engine.crash()
+        if self._lifecycle is not None:
+            await self._lifecycle.abandon()
         await self._stop_server()
         if self.engine is not None:
             await self.engine.stop()  # reaps the cancelled tasks; the engine is already dead

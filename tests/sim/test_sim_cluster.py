@@ -121,6 +121,31 @@ async def test_crash_drops_connections_and_leaves_the_entry_to_age_out(registry,
         assert cluster.workers_with(WorkerRole.DECODE) == [survivor]
 
 
+async def test_a_crash_closes_the_port_before_anything_it_awaits(registry, client, monkeypatch):
+    """A crash is abrupt: the port refuses connections at once, even while stopping the heartbeat still waits (under
+    load a registry write in flight can hold that for a while). Otherwise the dying worker keeps serving, and the
+    soak counts calls routed to it after its crash that it in fact answered."""
+    async with SimCluster(registry=registry, settings=fast_settings(), heartbeat_interval_s=0.1) as cluster:
+        (victim,) = await cluster.start(decode=1)
+        assert victim._lifecycle is not None
+        release = asyncio.Event()
+        original = victim._lifecycle.abandon
+
+        async def slow_abandon() -> None:
+            await release.wait()
+            await original()
+
+        monkeypatch.setattr(victim._lifecycle, "abandon", slow_abandon)
+        crashing = asyncio.create_task(cluster.crash(victim.worker_id))
+        await asyncio.sleep(0.05)
+        assert not crashing.done()  # still waiting on the heartbeat's stop
+        with pytest.raises(httpx.ConnectError):
+            await client.get(f"{victim.server_url}/health")
+        release.set()
+        await crashing
+        assert victim.state is SimWorkerState.CRASHED
+
+
 async def test_workers_join_at_runtime(registry):
     async with SimCluster(registry=registry, settings=fast_settings(), heartbeat_interval_s=0.1) as cluster:
         await cluster.start(prefill=1)
