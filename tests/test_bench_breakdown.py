@@ -27,6 +27,7 @@ def test_an_aggregated_request_is_proxy_in_queue_prefill_proxy_out():
                          [trace("s#0", arrived=10.010, scheduled=10.110, first_token=10.390)])
     assert b.worker == "w-both" and b.prefill_worker is None and b.prefill_tokens_ahead == 4000
     assert b.parts_ms == pytest.approx({"proxy_in": 10, "queue": 100, "prefill": 280, "proxy_out": 10})
+    assert breakdown.worker_side_ms(b) == pytest.approx(380)
 
 
 def test_a_disaggregated_request_joins_its_prefill_by_client_id():

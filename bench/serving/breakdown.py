@@ -97,9 +97,19 @@ def slowest(rows: Sequence[Breakdown], fraction: float = 0.02, at_least: int = 3
     return sorted(rows, key=lambda b: b.ttft_ms, reverse=True)[:n]
 
 
+def worker_side_ms(b: Breakdown) -> float:
+    """TTFT less the proxy's parts before and after the workers (``proxy_in``, ``proxy_out``): what placement and the
+    workers made of it, whatever the proxy's CPU was doing."""
+    return b.ttft_ms - b.parts_ms["proxy_in"] - b.parts_ms["proxy_out"]
+
+
 def medians(rows: Sequence[Breakdown]) -> dict[str, float]:
-    """Each part's p50 over the requests it applies to (and TTFT's)."""
+    """Each part's p50 over the requests it applies to, TTFT's, and the worker side's p50 and p99."""
     out = {"ttft": percentile([b.ttft_ms for b in rows], 0.5)}
+    worker = [w for b in rows if not math.isnan(w := worker_side_ms(b))]
+    if worker:
+        out["worker_side"] = percentile(worker, 0.5)
+        out["worker_side_p99"] = percentile(worker, 0.99)
     for part in PARTS:
         values = [v for b in rows if not math.isnan(v := b.parts_ms.get(part, math.nan))]
         if values:
