@@ -505,3 +505,62 @@ def test_a_token_id_that_changes_the_list_while_it_is_hashed_is_refused() -> Non
     tokens.extend([1, 2, Shrinking(3)] + list(range(4, 40)))
     with pytest.raises(RuntimeError):
         chain_hashes(tokens, 4)
+
+
+# -- draining the socket ------------------------------------------------------------------------------------------------
+
+
+def test_drain_reads_the_socket_and_applies_the_same() -> None:
+    """``drain`` on a real SUB socket (libzmq's own receive): the same state as the Python path on the same
+    messages, including messages of 1, 2 and 4 frames and malformed ones (handed to the fallback, in order)."""
+    import zmq
+
+    from litellm_disagg.routing.kv.event_subscriber import compiled_drain
+
+    drain = compiled_drain(KVEventWire.VLLM)
+    assert drain is not None and native.wire is not None
+    stream = Stream(77)
+    messages: list[Frames] = [stream.message() for _ in range(300)]
+    for at, odd in ((10, [b"kv"]), (50, [b"kv", (1).to_bytes(8, "big")]), (90, [b"kv", b"\x00" * 8, b"\x90", b"x"])):
+        messages.insert(at, odd)
+    ctx = zmq.Context()
+    try:
+        pub = ctx.socket(zmq.PUB)
+        pub.setsockopt(zmq.SNDHWM, 0)
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(f"tcp://127.0.0.1:{port}")
+        while not sub.poll(10):  # a PUB drops what it sends before the SUB joined
+            pub.send_multipart([b"probe"])
+        while sub.poll(50):
+            sub.recv_multipart()
+        for frames in messages:
+            pub.send_multipart(frames)
+        py_index, py_applier = fresh()
+        c_index, c_applier = fresh()
+        for frames in messages:
+            python_path(py_applier, frames)
+        handed: list[Frames] = []
+
+        def fallback(frames: Frames) -> None:
+            handed.append(frames)
+            python_path(c_applier, frames)
+
+        received = applied = 0
+        while received < len(messages):
+            assert sub.poll(5000), (received, len(messages))
+            got, done = drain(c_applier, sub.underlying, 7, fallback)
+            assert got <= 7
+            received += got
+            applied += done
+        assert state(c_index, c_applier) == state(py_index, py_applier)
+        assert received == len(messages) and applied + len(handed) == received
+        assert [b"kv"] in handed and [b"kv", b"\x00" * 8, b"\x90", b"x"] in handed
+        assert applied > 0.75 * len(messages)
+        assert drain(c_applier, sub.underlying, 10, fallback) == (0, 0)  # nothing waiting: returns at once
+        sub.close(0)
+        pub.close(0)
+    finally:
+        ctx.term()

@@ -653,29 +653,39 @@ cdef list removed_hashes(Event* e, Reader* r, dict ours):
 def apply_message(applier, frames):
     """``applier.apply(decode_message(frames))`` for a message this module recognises (returns True); False, having
     done nothing, for any other message (the caller runs the Python path on it)."""
-    cdef Batch batch
-    cdef Reader r
     cdef object payload, seq_frame
-    cdef Py_ssize_t size
     if len(frames) != 3:
         return False
     seq_frame = frames[1]
     payload = frames[2]
     if not PyBytes_CheckExact(seq_frame) or PyBytes_GET_SIZE(seq_frame) != 8 or not PyBytes_CheckExact(payload):
         return False
-    size = applier.block_size
+    return apply_bytes(
+        applier,
+        <const unsigned char*>PyBytes_AS_STRING(seq_frame),
+        <const unsigned char*>PyBytes_AS_STRING(payload),
+        PyBytes_GET_SIZE(payload),
+    )
+
+
+cdef bint apply_bytes(object applier, const unsigned char* seq_bytes, const unsigned char* p, Py_ssize_t n) except -1:
+    """One message's sequence frame (8 bytes) and payload: applied (True) or not recognised (False, nothing done).
+    The bytes must stay valid and unchanged during the call."""
+    cdef Batch batch
+    cdef Reader r
+    cdef Py_ssize_t size = applier.block_size
     if size < 1:
         return False
-    r.p = <const unsigned char*>PyBytes_AS_STRING(payload)
+    r.p = p
     r.pos = 0
-    r.end = PyBytes_GET_SIZE(payload)
+    r.end = n
     batch.events = NULL
     batch.n_events = 0
     batch.capacity = 0
     try:
         if read_batch(&r, &batch) < 0:
             return False
-        _apply(applier, &batch, &r, <int64_t>be(<const unsigned char*>PyBytes_AS_STRING(seq_frame), 8), size)
+        _apply(applier, &batch, &r, <int64_t>be(seq_bytes, 8), size)
         return True
     finally:
         PyMem_Free(batch.events)
@@ -757,3 +767,149 @@ cdef _flush(object applier, object index, object worker_id, list run, bint store
             applier._prune_translations()
     else:
         index.removed(worker_id, run)
+
+
+# -- receiving straight from the ZMQ socket ---------------------------------------------------------------------------
+#
+# pyzmq's recv_multipart costs several microseconds per message in Python (a getsockopt per frame); a burst is drained
+# here with libzmq's own functions instead, on the socket pyzmq opened (``Socket.underlying``), and each message's
+# payload is read where libzmq holds it. The functions are looked up in the libzmq that pyzmq's extension already
+# loaded (dlopen with RTLD_NOLOAD: the same library, never a second copy); without them the caller drains in Python.
+
+cdef extern from "<dlfcn.h>" nogil:
+    void* dlopen(const char* filename, int flag)
+    void* dlsym(void* handle, const char* symbol)
+    int RTLD_NOW
+    int RTLD_NOLOAD
+
+cdef struct zmq_msg_t:
+    uint64_t _opaque[8]  # 64 bytes, 8-aligned: libzmq 4.1+
+
+ctypedef int (*msg_init_t)(zmq_msg_t*) noexcept nogil
+ctypedef int (*msg_recv_t)(zmq_msg_t*, void*, int) noexcept nogil
+ctypedef void* (*msg_data_t)(zmq_msg_t*) noexcept nogil
+ctypedef size_t (*msg_size_t)(const zmq_msg_t*) noexcept nogil
+ctypedef int (*msg_more_t)(const zmq_msg_t*) noexcept nogil
+ctypedef int (*msg_close_t)(zmq_msg_t*) noexcept nogil
+ctypedef int (*errno_t)() noexcept nogil
+ctypedef void (*version_t)(int*, int*, int*) noexcept nogil
+
+cdef msg_init_t zmq_msg_init = NULL
+cdef msg_recv_t zmq_msg_recv = NULL
+cdef msg_data_t zmq_msg_data = NULL
+cdef msg_size_t zmq_msg_size = NULL
+cdef msg_more_t zmq_msg_more = NULL
+cdef msg_close_t zmq_msg_close = NULL
+cdef errno_t zmq_errno = NULL
+
+cdef int ZMQ_DONTWAIT = 1
+cdef int EAGAIN_ = 11
+cdef int EINTR_ = 4
+cdef int MAX_FRAMES = 3
+
+
+def bind_libzmq(str extension_path):
+    """Find libzmq's functions through pyzmq's compiled backend (``zmq.backend.cython._zmq.__file__``), which must
+    already be loaded. True when ``drain`` can be used."""
+    global zmq_msg_init, zmq_msg_recv, zmq_msg_data, zmq_msg_size, zmq_msg_more, zmq_msg_close, zmq_errno
+    cdef bytes path = extension_path.encode()
+    cdef void* handle = dlopen(path, RTLD_NOW | RTLD_NOLOAD)
+    cdef int major = 0, minor = 0, patch = 0
+    if handle == NULL:
+        return False
+    cdef version_t version = <version_t>dlsym(handle, b"zmq_version")
+    if version == NULL:
+        return False
+    version(&major, &minor, &patch)
+    if major != 4 or minor < 1:
+        return False
+    cdef void* f[7]
+    cdef const char* names[7]
+    names[:] = [b"zmq_msg_init", b"zmq_msg_recv", b"zmq_msg_data", b"zmq_msg_size", b"zmq_msg_more",
+                b"zmq_msg_close", b"zmq_errno"]
+    cdef int i
+    for i in range(7):
+        f[i] = dlsym(handle, names[i])
+        if f[i] == NULL:
+            return False
+    zmq_msg_init = <msg_init_t>f[0]
+    zmq_msg_recv = <msg_recv_t>f[1]
+    zmq_msg_data = <msg_data_t>f[2]
+    zmq_msg_size = <msg_size_t>f[3]
+    zmq_msg_more = <msg_more_t>f[4]
+    zmq_msg_close = <msg_close_t>f[5]
+    zmq_errno = <errno_t>f[6]
+    return True
+
+
+def drain(applier, size_t socket_address, Py_ssize_t max_messages, fallback):
+    """Receive up to ``max_messages`` waiting messages from the ZMQ socket at ``socket_address`` without blocking;
+    apply each one this module recognises, hand every other one to ``fallback(frames: list[bytes])``. Returns
+    ``(messages received, messages applied here)``. Stops early when the socket has nothing more waiting; raises
+    ``OSError`` for any other receive error, and lets an exception of ``fallback`` or of the applier's callbacks
+    through (the messages already received are counted in neither case: the caller logs and goes on)."""
+    cdef void* sock = <void*>socket_address
+    cdef zmq_msg_t msgs[3]
+    cdef zmq_msg_t extra
+    cdef int frames, rc, err, i
+    cdef bint more
+    cdef Py_ssize_t received = 0, applied = 0
+    cdef list python_frames
+    if zmq_msg_recv == NULL:
+        raise RuntimeError("bind_libzmq was not called or failed")
+    if sock == NULL:
+        raise ValueError("no socket")
+    while received < max_messages:
+        frames = 0
+        python_frames = None
+        more = True
+        # Every frame of a ZMQ message arrives together: once its first frame is there, the rest are.
+        while more:
+            if frames < MAX_FRAMES:
+                zmq_msg_init(&msgs[frames])
+                rc = zmq_msg_recv(&msgs[frames], sock, ZMQ_DONTWAIT)
+                if rc < 0:
+                    err = zmq_errno()
+                    zmq_msg_close(&msgs[frames])
+                    for i in range(frames):
+                        zmq_msg_close(&msgs[i])
+                    if frames == 0 and (err == EAGAIN_ or err == EINTR_):  # nothing more waiting, or a signal
+                        return received, applied
+                    raise OSError(err, "zmq_msg_recv failed")
+                more = zmq_msg_more(&msgs[frames]) != 0
+                frames += 1
+            else:  # a fourth frame: not vLLM's shape, the whole message goes to the Python path
+                if python_frames is None:
+                    python_frames = [_frame_bytes(&msgs[i]) for i in range(frames)]
+                zmq_msg_init(&extra)
+                rc = zmq_msg_recv(&extra, sock, ZMQ_DONTWAIT)
+                if rc < 0:
+                    err = zmq_errno()
+                    zmq_msg_close(&extra)
+                    for i in range(frames):
+                        zmq_msg_close(&msgs[i])
+                    raise OSError(err, "zmq_msg_recv failed")
+                python_frames.append(_frame_bytes(&extra))
+                more = zmq_msg_more(&extra) != 0
+                zmq_msg_close(&extra)
+        received += 1
+        try:
+            if python_frames is None and frames == 3 and zmq_msg_size(&msgs[1]) == 8 and apply_bytes(
+                applier,
+                <const unsigned char*>zmq_msg_data(&msgs[1]),
+                <const unsigned char*>zmq_msg_data(&msgs[2]),
+                <Py_ssize_t>zmq_msg_size(&msgs[2]),
+            ):
+                applied += 1
+                continue
+            if python_frames is None:
+                python_frames = [_frame_bytes(&msgs[i]) for i in range(frames)]
+        finally:
+            for i in range(frames):
+                zmq_msg_close(&msgs[i])
+        fallback(python_frames)
+    return received, applied
+
+
+cdef bytes _frame_bytes(zmq_msg_t* msg):
+    return PyBytes_FromStringAndSize(<const char*>zmq_msg_data(msg), <Py_ssize_t>zmq_msg_size(msg))

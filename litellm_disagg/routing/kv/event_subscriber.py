@@ -12,8 +12,10 @@ messages) before yielding to the event loop, so a busy stream costs one wake-up 
 
 Each message takes the compiled path when there is one for the worker's wire format (``wire``, from the engine
 adapter's ``kv_event_wire``; ``native.wire`` built): ``_kvwire.apply_message`` reads the bytes and applies them in
-one call. A message it does not recognise (or every message, without the extension) goes through the engine's
-``decode`` and ``EventApplier.apply``; both give the same index. ``fast_messages`` counts the compiled ones.
+one call, and the rest of a burst is drained by ``_kvwire.drain`` with libzmq's own receive functions (pyzmq's
+``recv_multipart`` costs more than applying a message). A message it does not recognise (or every message, without
+the extension) goes through the engine's ``decode`` and ``EventApplier.apply``; both give the same index.
+``fast_messages`` counts the compiled ones.
 """
 
 from __future__ import annotations
@@ -55,6 +57,27 @@ def compiled_path(wire: KVEventWire | None) -> FastApply | None:
     return None
 
 
+FastDrain = Callable[[EventApplier, int, int, Callable[[list[bytes]], None]], tuple[int, int]]
+"""``drain(applier, socket address, max messages, fallback) -> (received, applied)``: see ``_kvwire.drain``."""
+
+
+def compiled_drain(wire: KVEventWire | None) -> FastDrain | None:
+    """The compiled receive loop for a wire format, when built and bound to the libzmq pyzmq loaded."""
+    global _libzmq_bound
+    if compiled_path(wire) is None or native.wire is None:
+        return None
+    if _libzmq_bound is None:
+        from zmq.backend.cython import _zmq
+
+        _libzmq_bound = bool(native.wire.bind_libzmq(_zmq.__file__))
+        if not _libzmq_bound:
+            logger.info("KV events: libzmq's functions not found through pyzmq; bursts are drained in Python")
+    return native.wire.drain if _libzmq_bound else None  # type: ignore[no-any-return]
+
+
+_libzmq_bound: bool | None = None
+
+
 class KVEventSubscriber:
     def __init__(
         self,
@@ -78,6 +101,8 @@ class KVEventSubscriber:
         self.max_burst = max_burst
         self.fast_apply = compiled_path(wire)
         """The compiled path for the worker's wire format, or None (every message through ``decode``)."""
+        self.fast_drain = compiled_drain(wire)
+        """The compiled receive loop (the rest of a burst), or None (``recv_multipart`` per message)."""
         self.messages = 0
         self.fast_messages = 0
         """Messages the compiled path applied (the others went through ``decode`` and ``EventApplier.apply``)."""
@@ -124,15 +149,30 @@ class KVEventSubscriber:
         drain: zmq.Socket[bytes] = zmq.Socket.shadow(self._socket.underlying)
         receive = drain.recv_multipart
         handle = self._handle
+        fast_drain = self.fast_drain
         while True:
             handle(await self._socket.recv_multipart())
-            for _ in range(self.max_burst - 1):
-                try:
-                    frames = receive(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                handle(frames)
+            if fast_drain is not None:
+                self._drain_compiled(fast_drain, drain.underlying)
+            else:
+                for _ in range(self.max_burst - 1):
+                    try:
+                        frames = receive(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    handle(frames)
             await asyncio.sleep(0)
+
+    def _drain_compiled(self, fast_drain: FastDrain, socket_address: int) -> None:
+        try:
+            received, applied = fast_drain(self.applier, socket_address, self.max_burst - 1, self._handle_python)
+        except Exception:  # a bug here must not end the subscription
+            logger.exception("worker %s: draining KV events (compiled path) failed", self.worker_id)
+            return
+        if received:
+            self.messages += received
+            self.fast_messages += applied
+            self.last_message_at = time.monotonic()
 
     def _handle(self, frames: list[bytes]) -> None:
         self.messages += 1
@@ -146,6 +186,10 @@ class KVEventSubscriber:
             except Exception:  # a bug here must not end the subscription
                 logger.exception("worker %s: applying KV events (compiled path) failed", self.worker_id)
                 return
+        self._handle_python(frames)
+
+    def _handle_python(self, frames: list[bytes]) -> None:
+        """One message through the engine's decoder and ``EventApplier.apply``."""
         try:
             batch = self.decode(frames)
         except MalformedBatch as exc:
