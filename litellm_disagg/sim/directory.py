@@ -23,6 +23,8 @@ class KVSource(Protocol):
 
     def release_kv_lease(self, request_id: str) -> None: ...
 
+    def kv_lease_for_client_id(self, client_id: str) -> str | None: ...
+
 
 class EngineDirectory:
     def __init__(self) -> None:
