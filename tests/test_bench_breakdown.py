@@ -42,6 +42,7 @@ def test_a_disaggregated_request_joins_its_prefill_by_client_id():
     assert b.parts_ms == pytest.approx({"proxy_in": 5, "queue": 5, "prefill": 190, "handoff": 10, "admit": 1,
                                         "transfer": 10, "decode_first": 24, "proxy_out": 5})
     assert sum(b.parts_ms.values()) == pytest.approx(b.ttft_ms)
+    assert breakdown.worker_side_ms(b) == pytest.approx(250 - 5 - 10 - 5)
 
 
 def test_failed_or_untraced_requests_are_left_out_and_the_slowest_come_first():

@@ -98,9 +98,9 @@ def slowest(rows: Sequence[Breakdown], fraction: float = 0.02, at_least: int = 3
 
 
 def worker_side_ms(b: Breakdown) -> float:
-    """TTFT less the proxy's parts before and after the workers (``proxy_in``, ``proxy_out``): what placement and the
-    workers made of it, whatever the proxy's CPU was doing."""
-    return b.ttft_ms - b.parts_ms["proxy_in"] - b.parts_ms["proxy_out"]
+    """TTFT less the proxy's parts (``proxy_in``, ``handoff`` between a prefill and its decode, ``proxy_out``): what
+    placement and the workers made of it, whatever the proxy's CPU was doing."""
+    return b.ttft_ms - b.parts_ms["proxy_in"] - b.parts_ms.get("handoff", 0.0) - b.parts_ms["proxy_out"]
 
 
 def medians(rows: Sequence[Breakdown]) -> dict[str, float]:

@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import random
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -247,6 +248,8 @@ def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argpars
     server = proxy.start(proxy_config(arm, pools), run_dir, f"{arm}-{run}", model=MODEL, timeout_s=600)
     try:
         time.sleep(1.0)  # discovery, KV event subscriptions and the load scraper catch up
+        asyncio.run(warm_up(server.base_url, server.key, pools))
+        time.sleep(0.5)  # the warm-up's in-flight entries end
         asyncio.run(reset_prefix_caches(pools.all))
         time.sleep(0.5)  # the AllBlocksCleared events reach the router
         before = asyncio.run(read_counters(pools.all))
@@ -257,6 +260,32 @@ def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argpars
     finally:
         server.close()
     return figures(arm, run, results, pools, before, after), results
+
+
+async def warm_up(base_url: str, key: str, pools: Pools, *, rounds: int = 2, words: int = 600) -> None:
+    """Before an arm is measured, as ``bench.serving`` warms up its proxies: ``rounds`` waves of one streamed request
+    per decode worker, each prompt unique and long enough for a remote prefill, so that the proxy's first calls to
+    every worker, its tokenizer's first prompts and the orchestrator's first prefills are behind it (without it, the
+    first two or three measured requests of the KV arms took 0.9-1.1 s, 300-400 ms of it before the prefill and as
+    much between the prefill and the decode, and set the arms' p99). Not measured; the prefix caches are emptied
+    after it."""
+    rng = random.Random("pd-warm-up")
+    async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
+
+        async def one(i: int) -> None:
+            text = " ".join(rng.choice(("ka", "ri", "to", "na", "me", "so")) + str(rng.randrange(1000))
+                            for _ in range(words))
+            body = {"model": MODEL, "max_tokens": 2, "stream": True,
+                    "messages": [{"role": "user", "content": f"warm-up {i}: {text}"}]}
+            async with client.stream("POST", "/v1/chat/completions", json=body,
+                                     headers={"Authorization": f"Bearer {key}"}) as r:
+                if r.status_code != 200:
+                    raise RuntimeError(f"warm-up request failed: {r.status_code} {(await r.aread())[:300]!r}")
+                async for _ in r.aiter_lines():
+                    pass
+
+        for wave in range(rounds):
+            await asyncio.gather(*(one(wave * len(pools.decode) + i) for i in range(len(pools.decode))))
 
 
 def table(rows: list[PDFigures]) -> str:
