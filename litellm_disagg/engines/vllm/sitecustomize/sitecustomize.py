@@ -22,11 +22,11 @@ exact endpoint is bound instead, so the event socket listens on the worker's add
 CPU pinning: on a CPU platform vLLM's NIXL connector worker pins the thread that builds it, the worker process's main
 thread (vLLM 0.32, ``vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py``,
 ``NixlBaseConnectorWorker.__init__``: "reserve different cores for start_load_kv() from model_forward()",
-``os.sched_setaffinity(0, [last core of each NUMA node])``), and every thread it starts afterwards (NIXL's progress
-thread among them). That main thread also runs the forward pass and spins (``sched_yield``) in vLLM's shared-memory
-queue reads (``vllm/distributed/device_communicators/shm_broadcast.py``), so every vLLM worker on a host ends up on
-the same single core: on a small host one engine's spinning worker starved the other's for 20-60 s (a runnable
-thread that got no CPU time: the light-load decode stalls of docs/operations.md). With
+``os.sched_setaffinity(0, [last core of each NUMA node])``), and every thread started from it afterwards (the push
+connector's writer thread among them). That main thread also runs the forward pass and spins (``sched_yield``) in
+vLLM's shared-memory queue reads (``vllm/distributed/device_communicators/shm_broadcast.py``), so every vLLM worker on
+a host ends up on the same single core: on a small host one engine's spinning worker starved the other's for 20-60 s
+(a runnable thread that got no CPU time: the light-load decode stalls of docs/operations.md). With
 ``LITELLM_DISAGG_NIXL_CPU_PIN=0`` (the wrapper sets it on CPU hosts) that pin is skipped and the worker keeps the
 affinity it was started with. Applied lazily, when that module is first imported.
 """
