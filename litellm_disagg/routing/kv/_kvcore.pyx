@@ -30,6 +30,8 @@ cdef extern from "Python.h":
     Py_ssize_t PySequence_Fast_GET_SIZE(object o)
     PyObject** PySequence_Fast_ITEMS(object o)
     PyObject* PyList_GET_ITEM(object l, Py_ssize_t i)
+    bint PyLong_CheckExact_ptr "PyLong_CheckExact" (PyObject* o) noexcept
+    Py_hash_t PyObject_Hash_ptr "PyObject_Hash" (PyObject* o) noexcept
 
 
 def tuple_hash_constants_ok():
@@ -56,17 +58,27 @@ def chain_hashes(token_ids, Py_ssize_t block_size, int64_t parent):
     cdef list out = PyList_New(blocks)
     cdef object value
     cdef object item
+    cdef PyObject** items
+    cdef PyObject* p
     for b in range(blocks):
+        # The items pointer is borrowed from ``seq`` (token_ids itself when it is a list): taken again after anything
+        # that may run Python code and resize the list (the allocation below may start the GC; a token id that is not
+        # exactly an int may have a ``__hash__`` of its own), and the size checked.
+        if PySequence_Fast_GET_SIZE(seq) != n:
+            raise RuntimeError("token ids changed size while they were hashed")
+        items = PySequence_Fast_ITEMS(seq)
         inner = xxprime_5()
         base = b * block_size
         for i in range(block_size):
-            # The items pointer is borrowed from ``seq`` (token_ids itself when it is a list): read it again for
-            # every item, after anything that may run Python code (an allocation starting the GC, a token id's
-            # ``__hash__``) and could have resized the list meanwhile.
-            if PySequence_Fast_GET_SIZE(seq) != n:
-                raise RuntimeError("token ids changed size while they were hashed")
-            item = <object>PySequence_Fast_ITEMS(seq)[base + i]
-            lane = PyObject_Hash(item)
+            p = items[base + i]
+            if PyLong_CheckExact_ptr(p):  # an int's hash runs no Python code and allocates nothing
+                lane = PyObject_Hash_ptr(p)
+            else:
+                item = <object>p  # a strong reference while its __hash__ runs
+                lane = PyObject_Hash(item)
+                if PySequence_Fast_GET_SIZE(seq) != n:
+                    raise RuntimeError("token ids changed size while they were hashed")
+                items = PySequence_Fast_ITEMS(seq)
             if lane == -1:
                 raise TypeError("unhashable token id")
             inner = mix(inner, <Py_uhash_t>lane)
