@@ -237,6 +237,9 @@ def _stored(item: dict[str, Any]) -> BlockStored:
     hashes, token_ids, block_size = get("block_hashes"), get("token_ids"), get("block_size")
     if type(hashes) is not list or type(token_ids) is not list or type(block_size) is not int:
         raise MalformedBatch("BlockStored without block_hashes, token_ids or block_size")
+    _hashes(hashes)
+    if not all(type(t) is int for t in token_ids):
+        raise MalformedBatch("BlockStored token_ids are not all integers")
     parent, medium, group, extra = get("parent_block_hash"), get("medium"), get("group_idx"), get("extra_keys")
     lora = get("lora_name")
     if lora is None:
@@ -284,8 +287,12 @@ def _array_event(item: list[Any]) -> KVEvent | None:
 
 
 def _hashes(value: Any) -> list[EngineHash]:
+    """The engine's block hashes, each an int or bytes (what the typed decoders accept): anything else (a list, a map,
+    a float) is refused here, so a batch is never applied halfway and then fails on an unhashable key."""
     if not isinstance(value, list):
         raise MalformedBatch("block_hashes is not a list")
+    if not all(isinstance(h, (int, bytes)) for h in value):
+        raise MalformedBatch("block_hashes holds something other than integers or bytes")
     return value
 
 
