@@ -136,12 +136,42 @@ def test_decode_older_array_like_events_and_lora_id() -> None:
         [b"kv", b"\x00" * 8, msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": [1, [2]]}]])],
         [b"kv", b"\x00" * 8, msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": [{"a": 1}]}]])],
         [b"kv", b"\x00" * 8, msgpack.packb([1.0, [{"type": "BlockRemoved", "block_hashes": [1.5]}]])],
-        [b"kv", b"\x00" * 8, msgpack.packb([1.0, [
-            {"type": "BlockStored", "block_hashes": [[1]], "parent_block_hash": None, "token_ids": [1] * 16,
-             "block_size": 16}]])],
-        [b"kv", b"\x00" * 8, msgpack.packb([1.0, [
-            {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [1] * 15 + ["x"],
-             "block_size": 16}]])],
+        [
+            b"kv",
+            b"\x00" * 8,
+            msgpack.packb(
+                [
+                    1.0,
+                    [
+                        {
+                            "type": "BlockStored",
+                            "block_hashes": [[1]],
+                            "parent_block_hash": None,
+                            "token_ids": [1] * 16,
+                            "block_size": 16,
+                        }
+                    ],
+                ]
+            ),
+        ],
+        [
+            b"kv",
+            b"\x00" * 8,
+            msgpack.packb(
+                [
+                    1.0,
+                    [
+                        {
+                            "type": "BlockStored",
+                            "block_hashes": [1],
+                            "parent_block_hash": None,
+                            "token_ids": [1] * 15 + ["x"],
+                            "block_size": 16,
+                        }
+                    ],
+                ]
+            ),
+        ],
         [b"kv", b"\x00" * 8, msgpack.packb([1.0, [["BlockRemoved", [[1, 2]], "GPU"]]])],
     ],
 )
