@@ -211,24 +211,8 @@ cdef int read_str(Reader* r, Py_ssize_t* start, Py_ssize_t* n) noexcept nogil:
 
 
 cdef int read_bin(Reader* r, Py_ssize_t* start, Py_ssize_t* n) noexcept nogil:
-    cdef unsigned char b
-    cdef int width
-    if not has(r, 1):
-        return -1
-    b = r.p[r.pos]
-    if b == 0xc4:
-        width = 1
-    elif b == 0xc5:
-        width = 2
-    elif b == 0xc6:
-        width = 4
-    else:
-        return -1
-    if not has(r, 1 + width):
-        return -1
-    n[0] = <Py_ssize_t>be(r.p + r.pos + 1, width)
-    r.pos += 1 + width
-    if not has(r, n[0]):
+    """A bin's bytes (bin 8/16/32; no fix form: the empty range 1..0)."""
+    if read_len(r, 1, 0, 0, 0xc4, 0xc5, 0xc6, n) < 0 or not has(r, n[0]):
         return -1
     start[0] = r.pos
     r.pos += n[0]
