@@ -6,7 +6,8 @@
 - the worker's API key (``LaunchSpec.api_key``) goes to vLLM as ``VLLM_API_KEY`` in its environment, never argv.
 - ``vllm_env``: NIXL's side channel and vLLM's host IP on the transfer host (UCX kept on loopback when that host is);
   on CPU, no CPU thread binding, ``VLLM_CPU_KVCACHE_SPACE`` dropped when the cache size is given, and
-  ``sitecustomize/`` on ``PYTHONPATH`` to turn NIXL's busy-spinning progress thread off.
+  ``sitecustomize/`` on ``PYTHONPATH`` to pace NIXL's busy-spinning progress thread and to skip vLLM's pinning of
+  its NIXL worker thread to one core (``LITELLM_DISAGG_NIXL_CPU_PIN=0``).
 - ``vllm_launch``: both, plus what the worker publishes (its ``VllmNixlTransfer`` section, its KV events endpoint).
 
 ``LaunchSpec.kv_transfer == "push"`` selects ``NixlPushConnector`` (the prefill WRITEs into the decode's blocks) with
