@@ -16,6 +16,8 @@ a ``DisaggController`` to the router (following the proxy if it ever replaces it
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import faulthandler
 import logging
 import os
 import sys
@@ -49,6 +51,16 @@ logger = logging.getLogger("litellm_disagg")
 ENV_CONFIG = "LITELLM_DISAGG_CONFIG"
 
 
+def arm_faulthandler() -> None:
+    """In the proxy: a fatal signal (a segfault in a C extension) writes every thread's Python stack to stderr, the
+    proxy's log, instead of ending it without a word. A proxy crashed twice so on 2026-12-02 (dmesg: an incref through
+    pointer 0x3 in libpython, once in CI, once under the real-vLLM serving benchmark; cause not found yet). Leaves an
+    already armed handler (``PYTHONFAULTHANDLER``, ``-X faulthandler``) as it is."""
+    if not faulthandler.is_enabled():
+        with contextlib.suppress(Exception):  # no usable stderr (closed, not a file): nothing to arm
+            faulthandler.enable(all_threads=True)
+
+
 class DisaggPlugin(CustomLogger):
     # LiteLLM keeps one CustomLogger per class (it drops "duplicates" of the same type), so the events of every router
     # in this process may reach any instance: each one hands them to all live controllers (call ids are unique).
@@ -66,6 +78,7 @@ class DisaggPlugin(CustomLogger):
         # (tests, scripts, an SDK Router) call attach() yourself.
         if "litellm.proxy.proxy_server" not in sys.modules:
             return
+        arm_faulthandler()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
