@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import yaml
 from litellm.integrations.custom_logger import CustomLogger
 
-from litellm_disagg import passthrough_guard
+from litellm_disagg import passthrough_guard, stream_finalizer_guard
 from litellm_disagg.discovery.factory import make_registry
 from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.engines.base import Endpoint
@@ -79,6 +79,7 @@ class DisaggPlugin(CustomLogger):
         if "litellm.proxy.proxy_server" not in sys.modules:
             return
         arm_faulthandler()
+        stream_finalizer_guard.install()
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
