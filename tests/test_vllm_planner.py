@@ -109,8 +109,10 @@ class Cluster:
             "registry": {"backend": "file", "path": str(self.registry), "poll_interval_s": 0.1},
             # The median, not the shipped p90: a short request here can wait 30 s or more for the prefill worker's
             # lease (vLLM 0.32 CPU, docs/operations.md), and one such sample is the p90 of a few seconds' window.
+            # Three steps of evidence (1.5 s), not two: the shipped default asks for 2 x 2 s; with the CPU pin gone
+            # (2026-12-02) a CI run saw short prompts read prefill_bound for exactly two 0.5 s steps and move.
             "planner": {"ttft_ms": ttft_ms, "itl_ms": 600_000, "quantile": 0.5, "interval_s": INTERVAL_S,
-                        "hysteresis_steps": 2, "window_s": 4, "min_samples": 3, "cooldown_s": 600,
+                        "hysteresis_steps": 3, "window_s": 4, "min_samples": 3, "cooldown_s": 600,
                         "allow_aggregated": False},
         }}))
         argv = [sys.executable, "-m", "litellm_disagg.cli", "planner", "--config", str(conf),
