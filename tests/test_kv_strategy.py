@@ -158,3 +158,29 @@ async def test_a_completed_answer_is_handed_to_the_token_cache(tmp_path):
     finally:
         await plugin.detach()
         await cluster.close()
+
+
+async def test_a_remote_prefill_counts_its_pull_on_the_decode_worker_until_it_ends(tmp_path):
+    """The decode of a remotely prefilled request is counted with the prompt tokens it pulls (``pull_tokens``): until
+    they arrive, the router's prediction that the decode worker holds the prompt is not a hit there yet
+    (``routing/kv/in_flight_prefix.py``)."""
+    cluster, plugin, router, controller = await routed_stack(tmp_path, {"mode": "always"}, prefill=1, decode=1)
+    accounting = controller.accounting
+    started: list[tuple[FlightKey, str, int]] = []
+    start = accounting.start
+
+    def recording_start(key, worker_id, **kwargs):
+        started.append((key, worker_id, kwargs.get("pull_tokens", 0)))
+        start(key, worker_id, **kwargs)
+
+    accounting.start = recording_start
+    try:
+        await ask(plugin, router, "a question prefilled remotely")
+        [decode] = cluster.workers_with(WorkerRole.DECODE)
+        assert decode.engine.stats.prompt_tokens_external_kv_transfer > 0
+        pulls = [(wid, tokens) for key, wid, tokens in started if key.phase == "decode"]
+        assert len(pulls) == 1 and pulls[0][0] == decode.worker_id and pulls[0][1] > 200, started
+        assert accounting.pull_tokens(decode.worker_id) == 0  # the request ended
+    finally:
+        await plugin.detach()
+        await cluster.close()

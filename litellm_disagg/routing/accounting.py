@@ -6,6 +6,8 @@ snapshot (``pipeline.context.collect_loads``) reads for every decision:
 
 - requests in flight (decodes and prefills this router sent and has not seen finish);
 - prompt tokens still to be prefilled there (a remote prefill's uncached tokens; a decode that prefills locally);
+- prompt tokens whose KV is still to arrive there by transfer (a decode whose prompt is prefilled remotely, until
+  its first token: the remote prefill, the pull and the step that samples it);
 - KV blocks of the requests decoding there.
 
 Who calls what::
@@ -55,6 +57,7 @@ class _Entry:
     prefill_tokens: int
     decode_blocks: int
     started_at: float
+    pull_tokens: int = 0
 
 
 class Accounting:
@@ -65,29 +68,38 @@ class Accounting:
         self._requests: Counter[str] = Counter()
         self._prefill: Counter[str] = Counter()
         self._decode: Counter[str] = Counter()
+        self._pull: Counter[str] = Counter()
         self.version = 0
         """Counts changes to the per-worker figures (a cached load snapshot is valid while it stays the same)."""
 
     # -- changes -------------------------------------------------------------------------------------------------------
 
-    def start(self, key: FlightKey, worker_id: str, *, prefill_tokens: int = 0, decode_blocks: int = 0) -> None:
-        """Count a call sent to ``worker_id`` (replacing any entry under ``key``)."""
+    def start(
+        self, key: FlightKey, worker_id: str, *, prefill_tokens: int = 0, decode_blocks: int = 0, pull_tokens: int = 0
+    ) -> None:
+        """Count a call sent to ``worker_id`` (replacing any entry under ``key``). ``pull_tokens``: prompt tokens
+        whose KV reaches ``worker_id`` by transfer (a decode prefilled remotely), until ``prefill_done``."""
         self.finish(key)
-        self._entries[key] = _Entry(worker_id, prefill_tokens, decode_blocks, self._clock())
+        self._entries[key] = _Entry(worker_id, prefill_tokens, decode_blocks, self._clock(), pull_tokens)
         self.version += 1
         self._requests[worker_id] += 1
         if prefill_tokens:
             self._prefill[worker_id] += prefill_tokens
         if decode_blocks:
             self._decode[worker_id] += decode_blocks
+        if pull_tokens:
+            self._pull[worker_id] += pull_tokens
 
     def prefill_done(self, key: FlightKey) -> None:
-        """The call's prompt is computed (its first token came back): its prefill tokens stop counting."""
+        """The call's prompt is computed or its KV arrived (its first token came back): its prefill and pull tokens
+        stop counting."""
         entry = self._entries.get(key)
-        if entry is not None and entry.prefill_tokens:
-            _sub(self._prefill, entry.worker_id, entry.prefill_tokens)
-            entry.prefill_tokens = 0
-            self.version += 1
+        if entry is None or not (entry.prefill_tokens or entry.pull_tokens):
+            return
+        _sub(self._prefill, entry.worker_id, entry.prefill_tokens)
+        _sub(self._pull, entry.worker_id, entry.pull_tokens)
+        entry.prefill_tokens = entry.pull_tokens = 0
+        self.version += 1
 
     def finish(self, key: FlightKey, worker_id: str | None = None) -> str | None:
         """End an entry (only if it is on ``worker_id``, when given: a late event of an earlier attempt must not end
@@ -100,6 +112,7 @@ class Accounting:
         _sub(self._requests, entry.worker_id, 1)
         _sub(self._prefill, entry.worker_id, entry.prefill_tokens)
         _sub(self._decode, entry.worker_id, entry.decode_blocks)
+        _sub(self._pull, entry.worker_id, entry.pull_tokens)
         return entry.worker_id
 
     def expire(self) -> None:
@@ -129,6 +142,10 @@ class Accounting:
         self.expire()
         return self._decode.get(worker_id, 0)
 
+    def pull_tokens(self, worker_id: str) -> int:
+        self.expire()
+        return self._pull.get(worker_id, 0)
+
     def worker_of(self, key: FlightKey) -> str | None:
         entry = self._entries.get(key)
         return None if entry is None else entry.worker_id
@@ -138,6 +155,10 @@ class Accounting:
         workers at one instant (one decision's load snapshot)."""
         self.expire()
         return self._requests.get, self._prefill.get, self._decode.get
+
+    def pull_lookup(self) -> Callable[[str, int], int]:
+        """``get(worker_id, 0)`` of pull tokens, as ``lookups()`` (call it after ``lookups()``, which expires)."""
+        return self._pull.get
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -68,6 +68,14 @@ class RoutePlan:
         return self.prompt.num_tokens - self.cached_tokens.get(self.decode.worker_id, 0)
 
     @property
+    def pull_tokens(self) -> int:
+        """Prompt tokens whose KV the decode worker pulls under this plan (0 when unknown or prefilled locally):
+        until they arrive, the blocks the router predicts there are not there yet."""
+        if self.prompt is None or not self.prefill_order:
+            return 0
+        return max(0, self.prompt.num_tokens - self.cached_tokens.get(self.decode.worker_id, 0))
+
+    @property
     def decode_blocks(self) -> int:
         return 0 if self.prompt is None else self.prompt.num_blocks(self.decode.block_size)
 

@@ -135,7 +135,8 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         call_id = request_kwargs.setdefault("litellm_call_id", str(uuid.uuid4()))
         key = FlightKey.decode(call_id)
         self._accounting.start(
-            key, decode.worker_id, prefill_tokens=plan.local_prefill_tokens, decode_blocks=plan.decode_blocks
+            key, decode.worker_id, prefill_tokens=plan.local_prefill_tokens, decode_blocks=plan.decode_blocks,
+            pull_tokens=plan.pull_tokens,
         )
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
@@ -164,7 +165,7 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
             plan, decode = replace(plan, decode=replacement), replacement
             self._accounting.finish(key)
             self._accounting.start(key, decode.worker_id, prefill_tokens=plan.local_prefill_tokens,
-                                   decode_blocks=plan.decode_blocks)
+                                   decode_blocks=plan.decode_blocks, pull_tokens=plan.pull_tokens)
         self._planner.observe(plan, outcome.prefill_worker_id, outcome.prefill_seconds)
         if self.requests is not None:
             self.requests.routed(call_id, plan, outcome, started=started, selection_s=selection_s)

@@ -1,7 +1,8 @@
 """A prefix a worker is still computing is no cache hit there yet (``routing/kv/in_flight_prefix.py``): a request
 for a document whose first prefill is still running goes to an idle worker instead of queueing behind it; once that
 prefill is done the prediction counts again (before its BlockStored arrives), and blocks a worker holds always
-count, whatever else it is prefilling."""
+count, whatever else it is prefilling. The same for a prompt prefilled remotely whose KV the decode worker is still
+pulling: a sibling does not prefill it there (locally, from scratch) but remotely on the prefill worker holding it."""
 
 from __future__ import annotations
 
@@ -101,3 +102,44 @@ async def test_blocks_a_worker_holds_count_while_it_prefills_something_else(deco
     router.accounting.start(FlightKey.prefill("other"), "w1", prefill_tokens=other.num_tokens)
     chosen, cached = pick(router, PromptBlocks(doc + toks(20, seed=6)), workers)
     assert cached["w1"] == BS * 60 and chosen == "w1"
+
+
+async def test_a_prompt_still_being_pulled_is_not_a_hit_on_its_decode_worker() -> None:
+    """Seen on ``bench.serving.pd``: a document's second request went to the decode worker still pulling the
+    first one's KV, was decided local on that predicted hit, computed the whole prompt there and held up the pulls
+    headed to that worker. Precise index (its event subscribers not started: predictions only), one prefill and
+    two decode workers."""
+    router = KVRouter(KVRoutingSettings.model_validate(
+        {"enabled": True, "seed": 1, "load": {"scrape_interval_s": 60}}))
+    prefill = worker("p1", role=WorkerRole.PREFILL, port=9201, events="tcp://127.0.0.1:9301")
+    decodes = [worker(name, role=WorkerRole.DECODE, port=9202 + i, events=f"tcp://127.0.0.1:{9302 + i}")
+               for i, name in enumerate(("d1", "d2"))]
+    router.sync(WorkerPool.of([prefill, *decodes]))
+    try:
+        await _pulled_prompt(router, prefill, decodes)
+    finally:
+        await router.stop()
+
+
+async def _pulled_prompt(router: KVRouter, prefill, decodes) -> None:  # type: ignore[no-untyped-def]
+    doc = toks(BS * 120, seed=7)
+    first = PromptBlocks(doc + toks(20, seed=8))
+    key = FlightKey.decode("first")
+    # The strategy counts the first request's decode on d1 when it chooses it: prefilled on p1, pulled by d1.
+    router.accounting.start(key, "d1", decode_blocks=first.num_blocks(BS), pull_tokens=first.num_tokens)
+    router.routed(first, prefill)  # its remote prefill is done (the planner's observe) ...
+    router.routed(first, decodes[0])  # ... and d1 is predicted to hold the prompt, while it still pulls it
+    second = PromptBlocks(doc + toks(20, seed=9))
+
+    def plan() -> tuple[str | None, int, bool]:
+        ctx = router.context(second, [*decodes, prefill])
+        decode = Pipeline(router.settings.decode, rng=random.Random(1)).select(ctx, decodes)
+        prefill_selection = Pipeline(router.settings.prefill, rng=random.Random(1)).select(ctx, [prefill])
+        return decode.worker_id, ctx.cached("d1"), router.decide(second, decode, prefill_selection).remote
+
+    chosen, cached_d1, remote = plan()
+    assert cached_d1 == 0 and chosen == "d2"  # not behind d1's pull, where it would compute the prompt again
+    assert remote  # prefilled on p1, which holds the document, rather than from scratch on d2
+    router.accounting.prefill_done(key)  # d1's first token: the KV arrived, the prediction counts again
+    chosen, cached_d1, remote = plan()
+    assert cached_d1 == BS * 120 and chosen == "d1" and not remote  # 20 tokens left: computed where it is held

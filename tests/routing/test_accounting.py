@@ -49,3 +49,21 @@ def test_entries_expire_oldest_first():
     assert figures(accounting, "a") == (1, 0, 3)  # a lost completion does not pin the worker
     requests, prefill, decode = accounting.lookups()
     assert (requests("a", 0), prefill("a", 0), decode("a", 0), requests("z", 0)) == (1, 0, 3, 0)
+
+
+def test_pull_tokens_count_until_the_first_token_or_the_end():
+    """A decode prefilled remotely: its prompt's KV is on its way to the decode worker until the first token."""
+    accounting = Accounting()
+    remote, local = FlightKey.decode("remote"), FlightKey.decode("local")
+    accounting.start(remote, "d1", decode_blocks=130, pull_tokens=2077)
+    accounting.start(local, "d1", prefill_tokens=77, decode_blocks=130)
+    assert accounting.pull_tokens("d1") == 2077 and accounting.prefill_tokens("d1") == 77
+    assert accounting.pull_lookup()("d1", 0) == 2077 and accounting.pull_lookup()("d2", 0) == 0
+    version = accounting.version
+    accounting.prefill_done(remote)  # its first token: the pull ended
+    assert accounting.pull_tokens("d1") == 0 and accounting.prefill_tokens("d1") == 77
+    assert accounting.version > version  # a cached load snapshot is rebuilt
+    accounting.start(remote, "d2", pull_tokens=500)  # a retry elsewhere: counted once, on d2
+    accounting.start(FlightKey.decode("other"), "d2", pull_tokens=100)
+    assert accounting.finish(remote) == "d2"  # ended before its first token (an error)
+    assert accounting.pull_tokens("d2") == 100 and accounting.requests("d2") == 1

@@ -171,7 +171,8 @@ class KVRouter:
 
     def context(self, prompt: PromptBlocks | None, candidates: Sequence[RuntimeConfig]) -> ScoringContext:
         """Cached tokens per candidate (one index query per distinct block size; a second, of held blocks only, where
-        a candidate's predicted blocks may still be being computed: ``in_flight_prefix.py``) and their loads."""
+        a candidate's predicted blocks may still be being computed or pulled: ``in_flight_prefix.py``) and their
+        loads."""
         loads, figures = self._loads.snapshot(candidates)
         cached: dict[str, int] = {}
         if prompt is not None and prompt.num_tokens:
@@ -186,7 +187,8 @@ class KVRouter:
                 if not blocks:
                     continue
                 tokens = usable_cached_tokens(blocks, size, prompt.num_tokens)
-                inflight = loads[worker.worker_id].inflight_prefill_tokens
+                load = loads[worker.worker_id]
+                inflight = load.inflight_prefill_tokens + load.inflight_pull_tokens
                 if inflight > 0 and self.index.has_predictions:
                     held = held_by_size.get(size)
                     if held is None:

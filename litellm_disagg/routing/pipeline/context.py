@@ -37,6 +37,9 @@ class WorkerLoad(NamedTuple):
     inflight_decode_blocks: int = 0
     """KV blocks of the requests this router has decoding there."""
     scraped: ScrapedLoad = NOT_SCRAPED
+    inflight_pull_tokens: int = 0
+    """Prompt tokens whose KV this router's remote prefills will move there, not yet arrived (its decodes prefilled
+    remotely, before their first token). Last, so positional snapshots without it still build."""
 
     # The properties below spell ``max(a, b)`` as ``b if b > a else a``: the same value (``max`` keeps the first of
     # equal values and never prefers a NaN second argument) without a builtin call; dozens run per decision.
@@ -141,8 +144,9 @@ def collect_loads(
         lookup = scraped
     if accounting is not None:
         requests_of, prefill_of, decode_of = accounting.lookups()
+        pull_of = accounting.pull_lookup()
     else:
-        requests_of = prefill_of = decode_of = _zero
+        requests_of = prefill_of = decode_of = pull_of = _zero
     # ``tuple.__new__`` builds the same named tuple as ``WorkerLoad(...)`` without the Python-level ``__new__`` that
     # namedtuple generates (64 snapshots per decision).
     make = tuple.__new__
@@ -151,7 +155,15 @@ def collect_loads(
         wid = worker.worker_id
         out[wid] = make(
             WorkerLoad,
-            (wid, worker.kv_capacity_blocks, requests_of(wid, 0), prefill_of(wid, 0), decode_of(wid, 0), lookup(wid)),
+            (
+                wid,
+                worker.kv_capacity_blocks,
+                requests_of(wid, 0),
+                prefill_of(wid, 0),
+                decode_of(wid, 0),
+                lookup(wid),
+                pull_of(wid, 0),
+            ),
         )
     return out
 
