@@ -235,6 +235,7 @@ async def bench_decisions(args: argparse.Namespace) -> None:
                 "tokenizer": settings.tokenizer.model_copy(
                     update={"model_dirs": {"m": str(tok_dir)}, "http_fallback": False}
                 | ({"inline_max_new_chars": 0} if args.tokenize_in_thread else {})
+                | ({"reuse_turns": False} if args.no_turn_reuse else {})
                 )
             }
         )
@@ -375,6 +376,9 @@ async def tokenized_decisions(
     print(f"  {'':>5}         tokenized on the event loop: {router.tokenizer.inline_encodes} prompts in all")
     hook = "off" if remember is None else f"{answered} of {n + warm} answers cached when they completed"
     print(f"  {'':>5}         answer hook: {hook}")
+    turns = getattr(router.tokenizer, "turns", None)  # absent in code from before turn reuse
+    reuse = "off" if turns is None else f"{turns.stats.hits} next turns started with a remembered one"
+    print(f"  {'':>5}         turn reuse: {reuse}")
     if cache is not None:
         hit_tokens, hits, misses = (
             cache.stats.hit_tokens - hits_before[0],
@@ -638,6 +642,11 @@ def main() -> None:
         "--no-answer-hook",
         action="store_true",
         help="the first turn's answer is not cached when it completes (KVRouter.answered not called)",
+    )
+    parser.add_argument(
+        "--no-turn-reuse",
+        action="store_true",
+        help="a next turn does not reuse the remembered turn's ids and block hashes (tokenizer.reuse_turns false)",
     )
     parser.add_argument("--skip-decisions", action="store_true")
     parser.add_argument("--skip-ingestion", action="store_true")

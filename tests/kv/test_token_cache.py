@@ -147,7 +147,7 @@ def test_segment_wise_equals_whole_on_random_texts(name: str, make: Any) -> None
         assert encoder.encode(text) == expected, text
         assert encoder.encode(text) == expected, text  # again, now from the cache
         # a next turn's path (get_mostly_cached, then the new segments encoded)
-        assert fresh.encode_cached(text, 10**6) == expected, text
+        assert fresh.encode_cached(text, 10**6).ids == expected, text
     assert encoder.enabled and encoder.cache.stats.hits > 0
 
 
@@ -403,7 +403,7 @@ def test_encode_cached_only_when_verified_and_mostly_cached() -> None:
     while encoder.to_verify:
         assert encoder.encode(history) == whole(tokenizer, history)
     assert encoder.encode_cached(turn, 5) is None  # its new segment is longer than 5 characters
-    assert encoder.encode_cached(turn, 100) == whole(tokenizer, turn)
+    assert encoder.encode_cached(turn, 100).ids == whole(tokenizer, turn)
     tokenizer.split_special_tokens = True
     assert encoder.encode_cached(turn, 100) is None
 

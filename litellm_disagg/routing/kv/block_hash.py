@@ -19,8 +19,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from litellm_disagg.routing.kv.native import core as _native
+
+if TYPE_CHECKING:
+    from litellm_disagg.routing.kv.turn_prefix import TurnPrefix
 
 BlockHash = int
 """One block's chained hash (a signed 64-bit int, as ``hash()`` returns)."""
@@ -66,22 +70,31 @@ class PromptBlocks:
 
     Workers of one model normally share a block size; if they do not, each size is hashed once per request.
     ``token_ids`` is kept as given when it is a list or a tuple (copying 8k ids would cost tens of microseconds per
-    decision): the caller hands it over and must not change it afterwards.
+    decision): the caller hands it over and must not change it afterwards. ``known``: a remembered turn that
+    ``token_ids`` starts with (``turn_prefix.py``); its blocks' hashes are taken from it and only the rest is hashed.
     """
 
-    __slots__ = ("_hashes", "namespace", "num_tokens", "token_ids")
+    __slots__ = ("_hashes", "known", "namespace", "num_tokens", "token_ids")
 
-    def __init__(self, token_ids: Sequence[int], *, namespace: str | None = None):
+    def __init__(self, token_ids: Sequence[int], *, namespace: str | None = None, known: TurnPrefix | None = None):
         self.token_ids: Sequence[int] = token_ids if isinstance(token_ids, list | tuple) else tuple(token_ids)
         self.num_tokens = len(self.token_ids)
         self.namespace = namespace
+        self.known = known
         self._hashes: dict[int, list[BlockHash]] = {}
 
     def hashes(self, block_size: int) -> list[BlockHash]:
         found = self._hashes.get(block_size)
         if found is None:
             parent = ROOT if self.namespace is None else root_hash(self.namespace)
-            found = self._hashes[block_size] = chain_hashes(self.token_ids, block_size, parent)
+            known = self.known
+            if known is not None and len(known.ids) >= block_size:
+                head = known.hashes(block_size, parent)
+                rest = self.token_ids[len(head) * block_size :]
+                found = head + chain_hashes(rest, block_size, head[-1])
+            else:
+                found = chain_hashes(self.token_ids, block_size, parent)
+            self._hashes[block_size] = found
         return found
 
     def num_blocks(self, block_size: int) -> int:

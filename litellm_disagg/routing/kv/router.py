@@ -87,6 +87,8 @@ class KVRouter:
         self._tp_sizes: dict[str, int] = {}
         self._models: dict[str, str] = {}
         """Each worker's served model, for ``answered``."""
+        self._block_sizes: frozenset[int] = frozenset()
+        """The workers' block sizes: a remembered turn's block hashes are computed for these (``answered``)."""
         self.scraper = LoadScraper(
             interval_s=settings.load.scrape_interval_s,
             timeout_s=settings.load.scrape_timeout_s,
@@ -146,6 +148,7 @@ class KVRouter:
         )
         self._tp_sizes = {w.worker_id: w.tensor_parallel_size for w in pool.workers}
         self._models = {w.worker_id: w.model for w in pool.workers}
+        self._block_sizes = frozenset(w.block_size for w in pool.workers)
 
     # -- per request --------------------------------------------------------------------------------------------------
 
@@ -155,10 +158,10 @@ class KVRouter:
         if not candidates:
             return None
         asked = candidates[zlib.crc32(request.request_id.encode()) % len(candidates)]
-        tokens = await self.tokenizer.tokenize(
+        tokens = await self.tokenizer.tokenize_prompt(
             model=asked.model, endpoint=request.endpoint, fields=request.fields, worker_url=asked.server_url
         )
-        return None if tokens is None else PromptBlocks(tokens)
+        return None if tokens is None else PromptBlocks(tokens.ids, known=tokens.prefix)
 
     async def answered(self, worker_id: str | None, fields: Mapping[str, Any], answer: str) -> int:
         """A chat request (``fields``) served by ``worker_id`` completed with ``answer``: its segments go into the
@@ -167,7 +170,9 @@ class KVRouter:
         model = self._models.get(worker_id) if worker_id is not None else None
         if model is None:
             return 0
-        return await self.tokenizer.remember_answer(model=model, fields=fields, answer=answer)
+        return await self.tokenizer.remember_answer(
+            model=model, fields=fields, answer=answer, block_sizes=self._block_sizes
+        )
 
     def context(self, prompt: PromptBlocks | None, candidates: Sequence[RuntimeConfig]) -> ScoringContext:
         """Cached tokens per candidate (one index query per distinct block size; a second, of held blocks only, where

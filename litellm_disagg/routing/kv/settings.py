@@ -79,6 +79,10 @@ class TokenizerSettings(_Strict):
     will and put the answer's segments into the token cache, in a worker thread: the next turn then encodes only its
     new question on its critical path. Costs one render and the answer's encoding per completed chat, whether or not
     a next turn comes. Needs the token cache (``max_cached_tokens`` above 0)."""
+    reuse_turns: bool = True
+    """With ``cache_answers``: also keep the rendered conversation, its ids and its block hashes whole
+    (``turn_prefix.py``, bounded by ``max_cached_tokens`` again), so that a next turn that starts with it (tokenized
+    on the event loop) scans, looks up, joins and hashes only its new messages. The ids are the same either way."""
 
 
 class LoadSettings(_Strict):

@@ -37,9 +37,12 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from litellm_disagg.routing.kv.block_hash import ROOT
+from litellm_disagg.routing.kv.turn_prefix import Tokens, TurnPrefix, TurnPrefixes
 
 logger = logging.getLogger(__name__)
 
@@ -126,6 +129,12 @@ class TokenCache:
                     stats.misses += 1
         return found
 
+    def peek_many(self, owner: int, texts: Sequence[str]) -> list[tuple[int, ...] | None]:
+        """The cached ids of each text (None where absent), as a peek: no statistics, no change of the LRU order."""
+        entries = self._entries
+        with self._lock:
+            return [entries.get((owner, text)) for text in texts]
+
     def missing_chars(self, owner: int, texts: Sequence[str]) -> int:
         """How many characters of ``texts`` are not cached (a peek: no statistics, no change of the LRU order)."""
         entries = self._entries
@@ -171,12 +180,23 @@ class SegmentEncoder:
     thread-safe on its own: call it under the lock that serializes the tokenizer's use.
     """
 
-    def __init__(self, tokenizer: Any, cache: TokenCache, cut_at: Sequence[str], scan: Sequence[str]):
+    def __init__(
+        self,
+        tokenizer: Any,
+        cache: TokenCache,
+        cut_at: Sequence[str],
+        scan: Sequence[str],
+        prefixes: TurnPrefixes | None = None,
+    ):
         self.tokenizer = tokenizer
         self.cache = cache
+        self.prefixes = prefixes
+        """Remembered turns (``turn_prefix.py``): a next turn reuses their ids and block hashes (None: not kept)."""
         self.owner = next(_owners)
         self.cut_at = frozenset(cut_at)
         """Added tokens a segment may start with."""
+        self._longest = max((len(t) for t in scan), default=0)
+        """The longest added token: a remembered turn is cut at least this far from its end."""
         # One alternation of every added token matched on raw text, longest first: at each position Python's regex
         # takes the first alternative that matches, so this is the tokenizer's leftmost-longest scan.
         self._scan = re.compile("|".join(re.escape(t) for t in sorted(scan, key=len, reverse=True))) if scan else None
@@ -189,7 +209,7 @@ class SegmentEncoder:
     # -- building -----------------------------------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, tokenizer: Any, cache: TokenCache) -> SegmentEncoder | None:
+    def build(cls, tokenizer: Any, cache: TokenCache, prefixes: TurnPrefixes | None = None) -> SegmentEncoder | None:
         """A segment encoder for ``tokenizer`` if it qualifies (a ``tokenizers`` backend, no ``single_word`` added
         token on raw text, nothing to truncate, pad or split specials) and segment-wise encoding equals whole
         encoding on the probe texts; else None."""
@@ -209,7 +229,7 @@ class SegmentEncoder:
             logger.info("tokenizer has a single-word added token: prompts are tokenized whole")
             return None
         cut_at = [t.content for t in raw if not t.lstrip and not t.content[0].isspace()]
-        encoder = cls(tokenizer, cache, cut_at, [t.content for t in raw])
+        encoder = cls(tokenizer, cache, cut_at, [t.content for t in raw], prefixes)
         try:
             problem = encoder._probe()
         except Exception as exc:
@@ -261,16 +281,17 @@ class SegmentEncoder:
 
     # -- encoding -----------------------------------------------------------------------------------------------------
 
-    def split(self, text: str) -> list[str]:
-        """``text`` cut before every occurrence of a cut token that the tokenizer's own scan finds (empty pieces
-        dropped). Their concatenation is ``text``."""
+    def split(self, text: str, start: int = 0) -> list[str]:
+        """``text[start:]`` cut before every occurrence of a cut token that the tokenizer's own scan finds (empty
+        pieces dropped). Their concatenation is ``text[start:]``. ``start`` must be where that scan, run from the
+        start of ``text``, finds a cut token (or 0): the scan restarted there finds the same matches after it."""
         if self._scan is None or not self.cut_at:
-            return [text] if text else []
+            return [text[start:]] if len(text) > start else []
         cut_at = self.cut_at
-        cuts = [m.start() for m in self._scan.finditer(text) if m.group() in cut_at]
+        cuts = [m.start() for m in self._scan.finditer(text, start) if m.group() in cut_at]
         if not cuts:
-            return [text] if text else []
-        bounds = [0, *cuts, len(text)] if cuts[0] else [*cuts, len(text)]
+            return [text[start:]] if len(text) > start else []
+        bounds = [start, *cuts, len(text)] if cuts[0] > start else [*cuts, len(text)]
         return [text[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
     def usable(self) -> bool:
@@ -300,37 +321,82 @@ class SegmentEncoder:
                 return whole
         return ids
 
-    def encode_cached(self, text: str, max_new_chars: int) -> list[int] | None:
+    def encode_cached(self, text: str, max_new_chars: int, turn: Hashable = None) -> Tokens | None:
         """``encode(text)`` when it is cheap now, else None with nothing changed (call ``encode``, in a thread).
 
         Cheap: segmenting usable, this tokenizer's first prompts already verified against whole encoding, and at most
         ``max_new_chars`` of the text's segments not in the cache (a conversation's next turn: its new messages).
-        The ids are ``encode``'s: the same segments through the same cache. (``tokenizers`` encodes a batch of one
-        in the calling thread and a batch of several on its thread pool; encoding a turn's two new messages one call
-        each instead cost the same process CPU in the micro-benchmark and more wall time: not done.)"""
+        The ids are ``encode``'s: the same segments through the same cache. When ``text`` starts with the text of the
+        remembered turn ``turn`` (``turn_prefix.py``), that turn's ids up to its last cut are taken whole and only
+        what follows is split and looked up; the result then carries that turn, whose block hashes the router
+        reuses. (``tokenizers``
+        encodes a batch of one in the calling thread and a batch of several on its thread pool; encoding a turn's
+        two new messages one call each instead cost the same process CPU in the micro-benchmark and more wall time:
+        not done.)"""
         if self.to_verify > 0 or not self.usable():
             return None
-        segments = self.split(text)
+        prefix = None
+        if turn is not None and self.prefixes is not None:
+            prefix = self.prefixes.find(self.owner, turn, text)
+        segments = self.split(text, prefix.cut if prefix is not None else 0)
         found = self.cache.get_mostly_cached(self.owner, segments, max_new_chars)
         if found is None:
             return None
-        return self._encode_segments(segments, use_cache=True, found=found)
+        ids = self._encode_segments(segments, use_cache=True, found=found)
+        return Tokens(ids) if prefix is None else Tokens(prefix.ids + ids, prefix)
 
-    def remember(self, text: str) -> int:
+    def remember(self, text: str, block_sizes: Collection[int] = (), turn: Hashable = None) -> int:
         """Encodes and caches the segments of ``text`` not cached yet, without joining any ids; returns how many.
 
         For a text that a later prompt will contain: a conversation's history with the assistant's answer appended,
         rendered when the answer completes, so that the next turn finds the answer's segments cached and encodes
         only its new question. The ids cached are each segment's own encoding, exactly what ``encode`` would cache
         for the same segment text (the cache is keyed by that text: a later prompt that renders differently simply
-        does not hit)."""
+        does not hit). With a ``turn`` key (and a store of turns), ``text`` is also remembered whole under it
+        (``turn_prefix.py``), with its block hashes for ``block_sizes``, for ``encode_cached(..., turn=...)``."""
         if not self.usable():
             return 0
-        texts = self.cache.missing(self.owner, self.split(text))
+        segments = self.split(text)
+        texts = self.cache.missing(self.owner, segments)
+        fresh: dict[str, tuple[int, ...]] = {}
         if texts:
             for segment, encoding in zip(texts, self._encode_batch(texts, add_special_tokens=False), strict=True):
-                self.cache.put(self.owner, segment, tuple(encoding.ids))
+                fresh[segment] = tuple(encoding.ids)
+                self.cache.put(self.owner, segment, fresh[segment])
+        if self.prefixes is not None and turn is not None:
+            self._keep_turn(turn, text, segments, fresh, block_sizes)
         return len(texts)
+
+    def _keep_turn(
+        self,
+        turn: Hashable,
+        text: str,
+        segments: list[str],
+        fresh: dict[str, tuple[int, ...]],
+        block_sizes: Collection[int],
+    ) -> None:
+        """Remember ``text`` as ``turn`` (``turn_prefix.py``): cut at the start of a segment at least the longest added token
+        from its end, with the ids before the cut and their block hashes for ``block_sizes`` (from ``ROOT``)."""
+        assert self.prefixes is not None
+        tail = 0
+        kept = len(segments)
+        while kept > 0 and tail < self._longest:
+            kept -= 1
+            tail += len(segments[kept])
+        if kept == 0 or tail < self._longest:
+            return
+        head = segments[:kept]
+        found = self.cache.peek_many(self.owner, head)
+        ids: list[int] = []
+        for segment, cached in zip(head, found, strict=True):
+            segment_ids = cached if cached is not None else fresh.get(segment)
+            if segment_ids is None:  # evicted meanwhile (or too long to cache): its own encoding, as encode would
+                segment_ids = tuple(self._encode_batch([segment], add_special_tokens=False)[0].ids)
+            ids.extend(segment_ids)
+        prefix = TurnPrefix(self.owner, turn, text, len(text) - tail, ids)
+        for size in block_sizes:
+            prefix.hashes(size, ROOT)
+        self.prefixes.put(prefix)
 
     def encode_whole(self, text: str) -> list[int]:
         """The reference: the tokenizer's own call, as for any prompt."""

@@ -35,7 +35,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ from litellm_disagg.engines.base import Endpoint
 from litellm_disagg.http_client import pooled_client
 from litellm_disagg.routing.kv.settings import TokenizerSettings
 from litellm_disagg.routing.kv.token_cache import SegmentEncoder, TokenCache
+from litellm_disagg.routing.kv.turn_prefix import Tokens, TurnPrefixes
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,12 @@ class PromptTokenizer:
             TokenCache(self.settings.max_cached_tokens) if self.settings.max_cached_tokens > 0 else None
         )
         """Segment token ids, shared by every local tokenizer (None when ``max_cached_tokens`` is 0)."""
+        self.turns: TurnPrefixes | None = (
+            TurnPrefixes(self.settings.max_cached_tokens)
+            if self.token_cache is not None and self.settings.cache_answers and self.settings.reuse_turns
+            else None
+        )
+        """Remembered turns, shared by every local tokenizer (``turn_prefix.py``; None: not kept)."""
         self.inline_encodes = 0
         """Prompts tokenized on the event loop (their segments cached: ``inline_max_new_chars``), not in a thread."""
 
@@ -101,6 +108,19 @@ class PromptTokenizer:
 
         ``model`` is the served model name; ``worker_url`` the HTTP root of a worker serving it (for the fallback).
         """
+        tokens = await self.tokenize_prompt(model=model, endpoint=endpoint, fields=fields, worker_url=worker_url)
+        return None if tokens is None else tokens.ids
+
+    async def tokenize_prompt(
+        self,
+        *,
+        model: str,
+        endpoint: Endpoint,
+        fields: Mapping[str, Any],
+        worker_url: str | None = None,
+    ) -> Tokens | None:
+        """``tokenize``, with the remembered turn the ids start with when one was used (its block hashes are
+        reused by the router)."""
         if endpoint is Endpoint.COMPLETIONS:
             prompt = fields.get("prompt")
             if (
@@ -108,7 +128,7 @@ class PromptTokenizer:
                 and prompt
                 and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
             ):
-                return list(prompt)
+                return Tokens(list(prompt))
             if not isinstance(prompt, str):
                 return None
         elif not isinstance(fields.get("messages"), list) or not fields.get("messages"):
@@ -120,28 +140,35 @@ class PromptTokenizer:
             try:
                 loaded = await self._tokenizer(model)
                 if loaded is not None:
-                    ids = _encode_inline(loaded, endpoint, fields, self.settings.inline_max_new_chars)
-                    if ids is not None:
+                    inline = _encode_inline(loaded, endpoint, fields, self.settings.inline_max_new_chars)
+                    if inline is not None:
                         self.inline_encodes += 1
-                        return ids
+                        return inline
                     # Bounded like the HTTP fallback: past the timeout the request is routed on load alone (the
                     # thread finishes in the background; its result is dropped).
-                    return await asyncio.wait_for(
-                        asyncio.to_thread(_encode_locked, loaded, endpoint, fields), timeout=self.settings.timeout_s
+                    return Tokens(
+                        await asyncio.wait_for(
+                            asyncio.to_thread(_encode_locked, loaded, endpoint, fields),
+                            timeout=self.settings.timeout_s,
+                        )
                     )
             except TimeoutError:
-                logger.warning("model %s: local tokenization took over %.1f s; routing on load", model,
-                               self.settings.timeout_s)
+                logger.warning(
+                    "model %s: local tokenization took over %.1f s; routing on load", model, self.settings.timeout_s
+                )
                 return None
             except Unsupported as exc:
                 logger.debug("model %s: not tokenized locally: %s", model, exc)
             except Exception as exc:  # a template error, an unexpected tokenizer output: let the worker try
                 logger.warning("model %s: local tokenization failed: %s", model, exc)
         if self.settings.http_fallback and worker_url:
-            return await self._remote(model, endpoint, fields, worker_url)
+            remote = await self._remote(model, endpoint, fields, worker_url)
+            return None if remote is None else Tokens(remote)
         return None
 
-    async def remember_answer(self, *, model: str, fields: Mapping[str, Any], answer: str) -> int:
+    async def remember_answer(
+        self, *, model: str, fields: Mapping[str, Any], answer: str, block_sizes: Collection[int] = ()
+    ) -> int:
         """Puts the segments of a chat's next prompt that hold ``answer`` (the assistant's reply to the chat request
         ``fields``) into the token cache, so that the conversation's next turn only encodes its new question.
 
@@ -149,7 +176,8 @@ class PromptTokenizer:
         messages and the answer are rendered as the next turn will render them (``add_generation_prompt`` false) and
         the segments not cached yet are encoded in a worker thread. Only for a model whose tokenizer is loaded and
         segments (never loads one for this); returns the segments encoded (0: nothing to do, or not possible). Never
-        raises."""
+        raises. With ``reuse_turns``, the rendered conversation itself is remembered too, with its block hashes for
+        ``block_sizes`` (``turn_prefix.py``)."""
         loaded = self._loaded.get(model)
         messages = fields.get("messages")
         if (
@@ -170,7 +198,7 @@ class PromptTokenizer:
         }
         try:
             return await asyncio.wait_for(
-                asyncio.to_thread(_remember_locked, loaded, follow), timeout=self.settings.timeout_s
+                asyncio.to_thread(_remember_locked, loaded, follow, block_sizes), timeout=self.settings.timeout_s
             )
         except Exception as exc:  # a template error, an unsupported message, a timeout: nothing is cached
             logger.debug("model %s: answer not cached: %s", model, exc)
@@ -206,7 +234,7 @@ class PromptTokenizer:
             self._failed.pop(model, None)
             segments = None
             if self.token_cache is not None:
-                segments = await asyncio.to_thread(SegmentEncoder.build, tokenizer, self.token_cache)
+                segments = await asyncio.to_thread(SegmentEncoder.build, tokenizer, self.token_cache, self.turns)
                 if segments is None:
                     logger.info("model %s: prompts are tokenized whole (no token cache)", model)
             loaded = self._loaded[model] = _Loaded(tokenizer, threading.Lock(), segments)
@@ -274,9 +302,7 @@ INLINE_MAX_PROMPT_CHARS = 1_000_000
 """Prompts with more text than this (about 250k tokens) are never tokenized on the event loop."""
 
 
-def _encode_inline(
-    loaded: _Loaded, endpoint: Endpoint, fields: Mapping[str, Any], max_new_chars: int
-) -> list[int] | None:
+def _encode_inline(loaded: _Loaded, endpoint: Endpoint, fields: Mapping[str, Any], max_new_chars: int) -> Tokens | None:
     """The prompt's ids when they are cheap to get in the calling thread (the event loop): a segment encoder whose
     cache holds all but ``max_new_chars`` of the rendered text, and a tokenizer no other thread is using. Else None:
     tokenize in a thread. Raises what ``encode`` raises (an unsupported request, a template error)."""
@@ -287,9 +313,28 @@ def _encode_inline(
         return None
     try:
         text, add_special_tokens = _prompt_text(loaded.tokenizer, endpoint, fields)
-        return None if add_special_tokens else segments.encode_cached(text, max_new_chars)
+        if add_special_tokens:
+            return None
+        turn = turn_key(fields.get("messages")) if endpoint is Endpoint.CHAT else None
+        return segments.encode_cached(text, max_new_chars, turn)
     finally:
         loaded.lock.release()
+
+
+def turn_key(messages: Any) -> tuple[int, str] | None:
+    """What identifies a conversation up to its last assistant message, for a remembered turn (``turn_prefix.py``):
+    how many messages there are up to it, and its text. None without an assistant message with text content.
+
+    A completed answer is remembered under the key of its request's messages with the answer appended; the next
+    turn, which resends them and adds its question, has the same key."""
+    if not isinstance(messages, list):
+        return None
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        if isinstance(message, Mapping) and message.get("role") == "assistant":
+            content = message.get("content")
+            return (i + 1, content) if isinstance(content, str) and content else None
+    return None
 
 
 def _prompt_chars(endpoint: Endpoint, fields: Mapping[str, Any]) -> int:
@@ -312,12 +357,13 @@ def _encode_locked(loaded: _Loaded, endpoint: Endpoint, fields: Mapping[str, Any
         return encode(loaded.tokenizer, endpoint, fields, segments=loaded.segments)
 
 
-def _remember_locked(loaded: _Loaded, fields: Mapping[str, Any]) -> int:
+def _remember_locked(loaded: _Loaded, fields: Mapping[str, Any], block_sizes: Collection[int]) -> int:
     with loaded.lock:
         text, add_special_tokens = _prompt_text(loaded.tokenizer, Endpoint.CHAT, fields)
         if add_special_tokens or loaded.segments is None:
             return 0
-        return loaded.segments.remember(text)
+        messages = fields.get("messages")
+        return loaded.segments.remember(text, block_sizes, turn_key(messages) if isinstance(messages, list) else None)
 
 
 def encode(

@@ -1,0 +1,130 @@
+"""A conversation's previous turn, kept whole: its next turn reuses the ids and block hashes of everything before it.
+
+A next turn's prompt renders as the previous turn's conversation with the answer appended (what ``remember``
+renders when the answer completes), followed by the new question. Segment-wise tokenization (``token_cache.py``)
+already finds every earlier segment in the cache, but still scans the whole rendered text for added tokens, looks
+up every segment and joins 8k ids into a new list, and the router then hashes every block again: about a third of
+a second turn's tokenization and decision. A ``TurnPrefix`` holds, for one such rendered text, the ids of its
+segments up to its last cut and their block hashes, so the next turn only scans, encodes and hashes what follows.
+
+Why the ids are exact: ``SegmentEncoder.split`` cuts where the tokenizer's own added-token scan (leftmost-longest,
+from the start) finds a cut token. Let ``T`` be the remembered text, ``c`` the start of its last cut match, and
+``m`` the length of the longest added token. If a new prompt ``P`` starts with the whole of ``T`` and
+``len(T) - c >= m``, the scans of ``T`` and ``P`` agree at every position up to and including ``c``: a match starting
+at ``p <= c`` is at most ``m`` long, so it ends within ``T``, where ``P`` and ``T`` are the same text. So ``P``'s
+segments before ``c`` are ``T``'s, ``P`` is cut at ``c`` too, and the scan restarted at ``c`` finds ``P``'s remaining
+cuts. The ids before ``c`` are the same cached segments' ids; the block hashes of those ids are a function of them.
+A prompt that does not start with ``T`` (a template that renders a past answer differently, an edited history) is
+simply not matched, and takes the usual path.
+
+How a turn is found: by what the caller knows of the conversation, not by the text (where ``T`` ends in a new prompt
+depends on the template). ``tokenizer.py`` keys a remembered chat by the number of its messages and the text of its
+last one (the answer); a next turn looks up the number of messages up to its last assistant message and that
+message's text. The match is then checked on the whole text (``startswith``), so a key shared by two conversations
+(two identical answers) costs a miss, never a wrong id.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+from litellm_disagg.routing.kv.block_hash import BlockHash, chain_hashes
+
+
+@dataclass(eq=False)
+class TurnPrefix:
+    """A remembered rendered text ``text``, cut at ``cut`` (the start of its last segment), and the ids of
+    ``text[:cut]``. ``hashes`` keeps their block hashes per block size and parent."""
+
+    owner: int
+    """The ``SegmentEncoder`` (tokenizer) whose ids these are."""
+    turn: Hashable
+    """What identifies the conversation at this turn (the caller's key)."""
+    text: str
+    cut: int
+    ids: list[int]
+    _hashes: dict[tuple[int, BlockHash], list[BlockHash]] = field(default_factory=dict, repr=False)
+
+    @property
+    def key(self) -> tuple[int, Hashable]:
+        return self.owner, self.turn
+
+    def hashes(self, block_size: int, parent: BlockHash) -> list[BlockHash]:
+        """The chained hashes of the full blocks of ``ids`` (computed once per block size and parent)."""
+        found = self._hashes.get((block_size, parent))
+        if found is None:
+            found = self._hashes[(block_size, parent)] = chain_hashes(self.ids, block_size, parent)
+        return found
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """A prompt's token ids; ``prefix``: the remembered turn they start with (``ids[:len(prefix.ids)] ==
+    prefix.ids``), whose block hashes the router reuses."""
+
+    ids: list[int]
+    prefix: TurnPrefix | None = None
+
+
+@dataclass
+class TurnPrefixStats:
+    hits: int = 0
+    """Prompts that started with a remembered turn."""
+    stored: int = 0
+    evicted: int = 0
+
+
+class TurnPrefixes:
+    """Bounded LRU of ``TurnPrefix`` by tokenizer and turn; thread-safe (``remember``
+    runs in a worker thread, lookups on the event loop). ``max_tokens`` bounds the sum of the kept ids."""
+
+    def __init__(self, max_tokens: int):
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be positive")
+        self.max_tokens = max_tokens
+        self.stats = TurnPrefixStats()
+        self._entries: OrderedDict[tuple[int, Hashable], TurnPrefix] = OrderedDict()
+        self._tokens = 0
+        self._lock = threading.Lock()
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, prefix: TurnPrefix) -> None:
+        if len(prefix.ids) > self.max_tokens:
+            return
+        key = prefix.key
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._tokens -= len(old.ids)
+            self._entries[key] = prefix
+            self._tokens += len(prefix.ids)
+            self.stats.stored += 1
+            while self._tokens > self.max_tokens:
+                _, dropped = self._entries.popitem(last=False)
+                self._tokens -= len(dropped.ids)
+                self.stats.evicted += 1
+
+    def find(self, owner: int, turn: Hashable, text: str) -> TurnPrefix | None:
+        """The turn ``turn`` remembered by ``owner``, if ``text`` starts with its text; else None."""
+        key = (owner, turn)
+        with self._lock:
+            prefix = self._entries.get(key)
+            if prefix is None or not text.startswith(prefix.text):
+                return None
+            self._entries.move_to_end(key)
+            self.stats.hits += 1
+            return prefix
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._tokens = 0
