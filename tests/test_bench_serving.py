@@ -128,6 +128,26 @@ def test_figures_from_results_and_counter_deltas():
     assert fig.first_errors == ["boom"]
 
 
+def test_process_cpu_seconds_counts_this_process_and_the_table_shows_it(tmp_path):
+    import os
+    import time
+
+    from bench.serving import profiling
+    from bench.serving.proxy import process_cpu_seconds
+
+    start = process_cpu_seconds(os.getpid())
+    deadline = time.process_time() + 0.1
+    while time.process_time() < deadline:
+        pass
+    assert process_cpu_seconds(os.getpid()) >= start + 0.05
+    assert process_cpu_seconds(2**22 + 12345) == 0.0  # no such process
+    row = report.ArmFigures("kv_aware", 1, 1, 0, 1, 1, 1, 1, 1, 0.5, 1, 1, proxy_cpu_s=12.5, workers_cpu_s=3.0)
+    assert "CPU during the load: proxy 12.5 s, workers 3.0 s" in report.table([row])
+    raw = tmp_path / "raw.txt"
+    raw.write_text("thread (1): MainThread;a (x.py:1);b (y.py:2) 3\nthread (1): MainThread;a (x.py:1) 2\n")
+    assert profiling.summarize(raw) == [(3, "b (y.py:2)"), (2, "a (x.py:1)")]
+
+
 def test_a_small_run_through_the_real_proxy(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(

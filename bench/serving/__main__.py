@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from bench.serving import arms as arms_mod
-from bench.serving import breakdown, cli, loadgen, proxy, report, workloads
+from bench.serving import breakdown, cli, loadgen, profiling, proxy, report, workloads
 from bench.serving.workers import WorkerSet, read_counters, reset_prefix_caches, start_sim, start_vllm
 from litellm_disagg.sim.request_log import read as read_traces
 
@@ -58,6 +58,8 @@ def parse_args() -> argparse.Namespace:
                    help="proxy replicas per arm, same config; sessions spread over them round robin")
     p.add_argument("--kv-routing", default="{}", help="JSON merged into the KV-aware arm's kv_routing section")
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--profile-proxy", action="store_true",
+                   help="sample each arm's proxy with py-spy while the load runs (raw stacks in the run directory)")
     sim = p.add_argument_group("simulated workers")
     sim.add_argument("--speedup", type=float, default=1.0)
     sim.add_argument("--blocks", type=int, default=4096, help="KV blocks per worker")
@@ -114,14 +116,23 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
         time.sleep(0.5)  # the AllBlocksCleared events reach the router
         before = asyncio.run(read_counters(workers.workers))
         offset = workers.request_log.stat().st_size if workers.request_log and workers.request_log.exists() else 0
+        samplers = [profiling.start(s.proc.pid, run_dir / f"profile-{label}-{i}.txt")
+                    for i, s in enumerate(servers)] if getattr(args, "profile_proxy", False) else []
+        cpu_before = sum(s.cpu_seconds() for s in servers)
+        workers_cpu_before = sum(proxy.process_cpu_seconds(p.pid) for p in workers.procs)
         results, wall = asyncio.run(loadgen.run(schedule, arm=arm, base_url=[s.base_url for s in servers], key=key,
                                                 model=workers.model, workers=len(workers.workers),
                                                 max_tokens=args.max_tokens))
+        proxy_cpu = sum(s.cpu_seconds() for s in servers) - cpu_before
+        workers_cpu = sum(proxy.process_cpu_seconds(p.pid) for p in workers.procs) - workers_cpu_before
+        for sampler in samplers:
+            print(f"  proxy profile: {profiling.stop(sampler)}", flush=True)
         after = asyncio.run(read_counters(workers.workers))
     finally:
         for server in servers:
             server.close()
-    row = report.figures(name, results, wall, before, after)
+    row = dataclasses.replace(report.figures(name, results, wall, before, after), proxy_cpu_s=proxy_cpu,
+                              workers_cpu_s=workers_cpu)
     if workers.request_log is None:
         return row
     traces, _ = read_traces(workers.request_log, offset)

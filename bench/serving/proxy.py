@@ -28,6 +28,20 @@ class Proxy:
     def close(self) -> None:
         stop(self.proc, timeout_s=20)
 
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system, all its threads) the proxy process has used so far; 0 once it has exited."""
+        return process_cpu_seconds(self.proc.pid)
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a live process, from ``/proc/<pid>/stat`` (Linux); 0.0 when it cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state is fields[0], utime fields[11]
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
 
 def start(config: dict[str, Any], run_dir: Path, name: str, *, model: str, timeout_s: float = 180) -> Proxy:
     [proxy] = start_replicas(config, run_dir, name, model=model, count=1, timeout_s=timeout_s)

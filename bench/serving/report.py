@@ -42,6 +42,10 @@ class ArmFigures:
     """Simulated workers: the p50 of each part of TTFT (``breakdown.PARTS``) over the arm's requests."""
     slowest: list[dict[str, object]] = field(default_factory=list)
     """Simulated workers: the breakdowns of the slowest 2% of requests by TTFT (``breakdown.Breakdown``)."""
+    proxy_cpu_s: float = 0.0
+    """CPU seconds (user + system, all threads) the proxy process(es) used while the arm's load ran."""
+    workers_cpu_s: float = 0.0
+    """The same for the worker processes (simulated workers: the one process that runs them all)."""
 
 
 def figures(arm: str, results: list[RequestResult], wall_s: float, before: dict[str, dict[str, float]],
@@ -93,6 +97,8 @@ def table(rows: list[ArmFigures]) -> str:
             f"{r.throughput_rps:6.2f} {r.output_tokens_per_s:7.1f} {r.imbalance:6.2f}  "
             f"{sorted(r.per_worker_requests.values(), reverse=True)}"
         )
+        if r.proxy_cpu_s:
+            lines.append(f"{'':17s} CPU during the load: proxy {r.proxy_cpu_s:.1f} s, workers {r.workers_cpu_s:.1f} s")
         if len(r.ttft_by_turn_p50_ms) > 1:
             by_turn = ", ".join(f"{t}: {v:.0f}" for t, v in r.ttft_by_turn_p50_ms.items())
             lines.append(f"{'':17s} TTFT p50 by turn (ms): {by_turn}")
