@@ -88,10 +88,11 @@ def _run(ops: list[tuple[str, str, list[int]]], n_workers: int, queries: list[li
         if step % 50 == 0:
             index.maintain(max_items=40)
     slots = [
-        None if s is None else (s.worker_id, list(s.held.items()), list(s.predicted.items()))
-        for s in index._slots
+        None if s is None else (s.worker_id, list(s.held.items()), list(s.predicted.items())) for s in index._slots
     ]
-    return overlaps, dict(index._held), dict(index._predicted), slots, index.stats()
+    held = dict(index._held.items())
+    assert len(index._held) == len(held) and all(index._held.get(h) == m and h in index._held for h, m in held.items())
+    return overlaps, held, dict(index._predicted), slots, index.stats()
 
 
 @pytest.mark.parametrize(("seed", "n_workers"), [(1, 4), (2, 40), (3, 70)])
@@ -103,12 +104,102 @@ def test_prefix_index_is_the_same_compiled_or_not(seed: int, n_workers: int, mon
     rng = random.Random(seed)
     queries = [op[2] for op in rng.sample(ops, 20) if op[2]] + [[rng.getrandbits(63)], []]
     compiled = _run(ops, n_workers, queries)
+    probe = PrefixIndex()
+    for i in range(n_workers):
+        probe.add_worker(f"w{i}", capacity_blocks=1)
+    # The compiled run used the C table up to 64 slots, a dict past them.
+    assert isinstance(probe._held, native.core.MaskTable if n_workers <= 64 else dict)
     with monkeypatch.context() as m:
         m.setattr(prefix_index, "_native", None)
         m.setattr(block_hash, "_native", None)
         pure = _run(ops, n_workers, queries)
     assert compiled == pure
     assert any(any(o) for o in compiled[0])  # the queries found something
+
+
+def _table_keys(rng: random.Random) -> list[int]:
+    """Keys that collide and cluster (small ints), random 64-bit hashes, the int64 edges, and ints outside int64
+    (kept by the table's dict)."""
+    small = list(range(-40, 300))
+    edges = [0, -1, -2, 2**63 - 1, -(2**63), 2**61 - 1, -(2**61)]
+    outside = [2**63, 2**64, -(2**63) - 1, 2**70, -(2**90)]
+    return small + edges + outside + [rng.getrandbits(64) - 2**63 for _ in range(400)]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_mask_table_answers_as_a_dict(seed: int) -> None:
+    """``MaskTable`` against a dict on random sets, reads, pops and deletions: growth past many resizes, shrinking
+    back when emptied (memory follows the entries), deletions inside probe clusters (its backward shift)."""
+    rng = random.Random(seed)
+    keys = _table_keys(rng)
+    table = native.core.MaskTable()
+    ref: dict[int, int] = {}
+    for step in range(30_000):
+        h = rng.choice(keys)
+        op = rng.random()
+        if step > 20_000 and op < 0.6:  # the last third mostly empties the table
+            op = 0.8
+        if op < 0.45:
+            m = rng.choice([1, 2**63, 2**64 - 1, rng.getrandbits(64) or 1])
+            table[h] = m
+            ref[h] = m
+        elif op < 0.6:
+            assert table.get(h, 0) == ref.get(h, 0) and table.get(h) == ref.get(h) and (h in table) == (h in ref)
+        elif op < 0.8:
+            assert table.pop(h, None) == ref.pop(h, None)
+        elif h in ref:
+            del table[h]
+            del ref[h]
+        else:
+            with pytest.raises(KeyError):
+                del table[h]
+        if step % 997 == 0:
+            assert len(table) == len(ref) and dict(table.items()) == ref and sorted(table) == sorted(ref)
+            assert all(table[k] == v for k, v in ref.items())
+    assert dict(table.items()) == ref
+    grown = native.core.MaskTable()
+    for i in range(100_000):
+        grown[i * 7919] = 1
+    big = grown.cells()
+    assert big >= 200_000 and len(grown) == 100_000
+    for i in range(100_000):
+        assert grown.pop(i * 7919) == 1
+    assert len(grown) == 0 and grown.cells() <= 128 and big > 1000 * grown.cells()
+    for bad in (0, -1, 2**64):
+        with pytest.raises((ValueError, OverflowError)):
+            grown[5] = bad
+    assert 5 not in grown
+
+
+def test_prefix_index_is_the_same_compiled_or_not_at_scale(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Longer random streams over 60 workers with evictions past capacity (the trim), removals and clears: the C
+    table grows and shrinks many times; the compiled index keeps answering as the dict one."""
+    rng = random.Random(11)
+    ops: list[tuple[str, str, list[int]]] = []
+    docs = [chain_hashes_py([rng.randrange(1000) for _ in range(16 * 200)], 16) for _ in range(30)]
+    for _ in range(3000):
+        wid = f"w{rng.randrange(60)}"
+        doc = rng.choice(docs)
+        kind = rng.choices(["stored", "removed", "routed", "cleared", "private"], [45, 30, 10, 1, 14])[0]
+        if kind == "stored":
+            ops.append(("stored", wid, doc[: rng.randrange(1, len(doc))]))
+        elif kind == "private":
+            ops.append(("stored", wid, [rng.getrandbits(64) - 2**63 for _ in range(rng.randrange(1, 100))]))
+        elif kind == "removed":
+            start = rng.randrange(len(doc))
+            ops.append(("removed", wid, doc[start : start + rng.randrange(1, 150)]))
+        elif kind == "routed":
+            ops.append(("routed", wid, doc[: rng.randrange(1, len(doc))]))
+        else:
+            ops.append(("cleared", wid, []))
+    queries = [doc[: rng.randrange(1, len(doc))] for doc in docs] + [[rng.getrandbits(63)]]
+    compiled = _run(ops, 60, queries)
+    with monkeypatch.context() as m:
+        m.setattr(prefix_index, "_native", None)
+        m.setattr(block_hash, "_native", None)
+        pure = _run(ops, 60, queries)
+    assert compiled == pure
+    assert any(any(o) for o in compiled[0])
 
 
 def test_the_package_routes_without_the_extension() -> None:
@@ -131,7 +222,9 @@ def test_the_package_routes_without_the_extension() -> None:
 def test_the_environment_switch_disables_it() -> None:
     code = "from litellm_disagg.routing.kv import native; print(native.NATIVE, native.WHY)"
     env = {**os.environ, native.DISABLE_ENV: "1"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=False)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
     assert done.stdout.startswith("False disabled"), done.stderr
 
 
@@ -146,8 +239,12 @@ def test_kv_cost_scorer_equals_the_per_worker_definition() -> None:
     rng = random.Random(7)
     workers = [
         RuntimeConfig(
-            worker_id=f"w{i}", model="m", role=WorkerRole.BOTH, base_url=f"http://127.0.0.1:{9000 + i}/v1",
-            transfer=VllmNixlTransfer(host="127.0.0.1", port=5600), kv_capacity_blocks=rng.choice([0, 100, 4096]),
+            worker_id=f"w{i}",
+            model="m",
+            role=WorkerRole.BOTH,
+            base_url=f"http://127.0.0.1:{9000 + i}/v1",
+            transfer=VllmNixlTransfer(host="127.0.0.1", port=5600),
+            kv_capacity_blocks=rng.choice([0, 100, 4096]),
             block_size=rng.choice([1, 16, 32]),
         )
         for i in range(40)
@@ -156,13 +253,20 @@ def test_kv_cost_scorer_equals_the_per_worker_definition() -> None:
         prompt = rng.choice([0, 1, 17, 8192])
         loads = {
             w.worker_id: WorkerLoad(
-                w.worker_id, w.kv_capacity_blocks, rng.randrange(5), rng.randrange(3000), rng.randrange(200),
-                ScrapedLoad(running=rng.randrange(4), waiting=rng.randrange(4), kv_usage=rng.random(),
-                            stale=rng.random() < 0.3),
+                w.worker_id,
+                w.kv_capacity_blocks,
+                rng.randrange(5),
+                rng.randrange(3000),
+                rng.randrange(200),
+                ScrapedLoad(
+                    running=rng.randrange(4), waiting=rng.randrange(4), kv_usage=rng.random(), stale=rng.random() < 0.3
+                ),
             )
-            for w in workers if rng.random() < 0.8  # some without a snapshot
+            for w in workers
+            if rng.random() < 0.8  # some without a snapshot
         }
-        ctx = ScoringContext(prompt, {w.worker_id: rng.randrange(prompt + 40) for w in workers if rng.random() < 0.5},
-                             loads)
+        ctx = ScoringContext(
+            prompt, {w.worker_id: rng.randrange(prompt + 40) for w in workers if rng.random() < 0.5}, loads
+        )
         weights = CostWeights(prefill=rng.random() * 2, decode=rng.choice([0.0, 1.0]), active=rng.random())
         assert KVCostScorer(weights).costs(ctx, workers) == {w.worker_id: kv_cost(ctx, w, weights) for w in workers}

@@ -8,7 +8,10 @@ Every function here is the compiled twin of a pure-Python definition, with equal
   per-item hashes (``PyObject_Hash`` of each token id, CPython's ``int`` hash of the parent);
 - ``overlap_walk``: the walk of ``PrefixIndex.overlap`` over the ``held`` / ``predicted`` tables (hash -> bitmask of
   slots), with masks of up to 64 slots as C integers;
-- ``store_precise`` / ``remove``: ``PrefixIndex.stored`` (precise workers) and ``PrefixIndex.removed``.
+- ``store_precise`` / ``remove``: ``PrefixIndex.stored`` (precise workers) and ``PrefixIndex.removed``;
+- ``MaskTable``: the index's ``hash -> slot mask`` table as C integers (open addressing), with the dict methods the
+  index uses (``get``, ``[]``, ``pop``, ``del``, ``len``, ``items``): the walk, store and removal above read and write
+  it without a Python object per probe. ``PrefixIndex`` uses it while its masks fit 64 bits, else a dict.
 
 ``native.py`` checks ``chain_hashes`` against the Python definition at import and falls back to pure Python on any
 difference (another interpreter's tuple hash) or when this module is missing.
@@ -16,7 +19,8 @@ difference (another interpreter's tuple hash) or when this module is missing.
 
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem, PyDict_DelItem
 from cpython.list cimport PyList_New, PyList_SET_ITEM, PyList_GET_SIZE
-from cpython.long cimport PyLong_FromSsize_t, PyLong_FromUnsignedLongLong, PyLong_AsUnsignedLongLong
+from cpython.long cimport PyLong_FromSsize_t, PyLong_FromUnsignedLongLong, PyLong_AsUnsignedLongLong, PyLong_FromLongLong
+from cpython.mem cimport PyMem_Calloc, PyMem_Free
 from cpython.object cimport PyObject, PyObject_Hash
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport uint64_t, int64_t
@@ -32,6 +36,8 @@ cdef extern from "Python.h":
     PyObject* PyList_GET_ITEM(object l, Py_ssize_t i)
     bint PyLong_CheckExact_ptr "PyLong_CheckExact" (PyObject* o) noexcept
     Py_hash_t PyObject_Hash_ptr "PyObject_Hash" (PyObject* o) noexcept
+    bint PyLong_Check(object o) noexcept
+    long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
 
 
 def tuple_hash_constants_ok():
@@ -95,7 +101,227 @@ cdef inline uint64_t mask_of(PyObject* found) except? 0xFFFFFFFFFFFFFFFF:
     return PyLong_AsUnsignedLongLong(<object>found)
 
 
-def overlap_walk(dict held, dict predicted, list hashes, uint64_t current):
+# -- the index's hash -> slot mask table, as C integers ---------------------------------------------------------------
+
+cdef enum:
+    MIN_CAPACITY = 64  # table sizes are powers of two, never below this
+
+cdef inline bint as_key(object h, int64_t* key) except -1:
+    """``h`` as a C key: True for an int in the int64 range (the block hashes ``hash()`` gives), else False (the
+    table keeps any other key in a dict of its own, with the same answers)."""
+    cdef int overflow = 0
+    cdef long long v
+    if not PyLong_Check(h):
+        return False
+    v = PyLong_AsLongLongAndOverflow(h, &overflow)
+    if overflow:
+        return False
+    key[0] = v
+    return True
+
+
+cdef class MaskTable:
+    """``{block hash: slot mask}`` for masks of 1 to 64 bits, as C integers: open addressing with linear probing over
+    arrays of int64 keys and uint64 masks (a mask of 0 marks an empty cell, so a present entry's mask is never 0),
+    deletion by backward shift (no tombstones), at most half full, halved when under an eighth full (memory follows
+    the entries, as the index's capacity bounds them). One probe reads two adjacent arrays, not three Python
+    objects. Keys that are not ints in the int64 range live in ``other`` (a dict) with the same answers: the index's
+    block hashes always fit, so it stays empty in use.
+
+    The dict methods ``PrefixIndex`` uses, with dict semantics: ``get``, ``[]`` (read, write, ``del``), ``pop``,
+    ``in``, ``len``, iteration over keys, ``keys``, ``items`` (a list: C cells in table order, then ``other``).
+    Setting a mask of 0 or one outside 64 bits raises: the index deletes an entry whose mask becomes 0."""
+
+    cdef int64_t* cell_keys
+    cdef uint64_t* cell_masks
+    cdef Py_ssize_t capacity  # a power of two
+    cdef Py_ssize_t used  # C cells in use
+    cdef int shift  # 64 - log2(capacity): the home cell is the top bits of key * golden ratio
+    cdef dict other
+
+    def __cinit__(self):
+        self.cell_keys = NULL
+        self.cell_masks = NULL
+        self.used = 0
+        self.other = {}
+        self._alloc(MIN_CAPACITY)
+
+    def __dealloc__(self):
+        PyMem_Free(self.cell_keys)
+        PyMem_Free(self.cell_masks)
+
+    cdef int _alloc(self, Py_ssize_t capacity) except -1:
+        cdef int64_t* keys = <int64_t*>PyMem_Calloc(capacity, sizeof(int64_t))
+        cdef uint64_t* masks = <uint64_t*>PyMem_Calloc(capacity, sizeof(uint64_t))
+        cdef int bits = 0
+        if keys == NULL or masks == NULL:
+            PyMem_Free(keys)
+            PyMem_Free(masks)
+            raise MemoryError()
+        while (<Py_ssize_t>1 << bits) < capacity:
+            bits += 1
+        self.cell_keys, self.cell_masks, self.capacity, self.shift = keys, masks, capacity, 64 - bits
+        return 0
+
+    cdef inline Py_ssize_t home(self, int64_t key) noexcept nogil:
+        return <Py_ssize_t>((<uint64_t>key * <uint64_t>0x9E3779B97F4A7C15) >> self.shift)
+
+    cdef inline Py_ssize_t find(self, int64_t key) noexcept nogil:
+        """The cell holding ``key``, or the empty cell where it would go."""
+        cdef Py_ssize_t last = self.capacity - 1
+        cdef Py_ssize_t i = self.home(key)
+        while self.cell_masks[i] != 0 and self.cell_keys[i] != key:
+            i = (i + 1) & last
+        return i
+
+    cdef inline uint64_t lookup(self, int64_t key) noexcept nogil:
+        return self.cell_masks[self.find(key)]
+
+    cdef int _resize(self, Py_ssize_t capacity) except -1:
+        cdef int64_t* old_keys = self.cell_keys
+        cdef uint64_t* old_masks = self.cell_masks
+        cdef Py_ssize_t old_capacity = self.capacity
+        cdef Py_ssize_t i, j
+        self._alloc(capacity)
+        for i in range(old_capacity):
+            if old_masks[i] != 0:
+                j = self.find(old_keys[i])
+                self.cell_keys[j] = old_keys[i]
+                self.cell_masks[j] = old_masks[i]
+        PyMem_Free(old_keys)
+        PyMem_Free(old_masks)
+        return 0
+
+    cdef int put(self, int64_t key, uint64_t mask) except -1:
+        """Set ``key``'s mask (not 0)."""
+        cdef Py_ssize_t i = self.find(key)
+        if self.cell_masks[i] == 0:
+            if 2 * (self.used + 1) > self.capacity:
+                self._resize(2 * self.capacity)
+                i = self.find(key)
+            self.cell_keys[i] = key
+            self.used += 1
+        self.cell_masks[i] = mask
+        return 0
+
+    cdef int drop(self, int64_t key) except -1:
+        """Delete ``key`` if present (backward shift: the entries after it that could sit earlier move up)."""
+        cdef Py_ssize_t last = self.capacity - 1
+        cdef Py_ssize_t i = self.find(key)
+        cdef Py_ssize_t j, k
+        if self.cell_masks[i] == 0:
+            return 0
+        j = i
+        while True:
+            j = (j + 1) & last
+            if self.cell_masks[j] == 0:
+                break
+            k = self.home(self.cell_keys[j])
+            # the entry at j stays when its home lies cyclically in (i, j]
+            if (i < k <= j) if i <= j else (i < k or k <= j):
+                continue
+            self.cell_keys[i] = self.cell_keys[j]
+            self.cell_masks[i] = self.cell_masks[j]
+            i = j
+        self.cell_masks[i] = 0
+        self.cell_keys[i] = 0
+        self.used -= 1
+        if self.capacity > MIN_CAPACITY and 8 * self.used < self.capacity:
+            self._resize(self.capacity // 2)
+        return 0
+
+    # -- dict methods (the Python paths of PrefixIndex, tests) --
+
+    def get(self, h, default=None):
+        cdef int64_t key
+        cdef uint64_t mask
+        if as_key(h, &key):
+            mask = self.lookup(key)
+            return default if mask == 0 else PyLong_FromUnsignedLongLong(mask)
+        return self.other.get(h, default)
+
+    def __getitem__(self, h):
+        found = self.get(h, None)
+        if found is None:
+            raise KeyError(h)
+        return found
+
+    def __setitem__(self, h, mask):
+        cdef int64_t key
+        cdef uint64_t m = mask  # OverflowError outside 0..2**64-1
+        if m == 0:
+            raise ValueError("a MaskTable mask is never 0 (delete the entry instead)")
+        if as_key(h, &key):
+            self.put(key, m)
+        else:
+            self.other[h] = mask
+
+    def __delitem__(self, h):
+        if self.pop(h, None) is None:
+            raise KeyError(h)
+
+    def pop(self, h, default=None):
+        cdef int64_t key
+        cdef uint64_t mask
+        if as_key(h, &key):
+            mask = self.lookup(key)
+            if mask == 0:
+                return default
+            self.drop(key)
+            return PyLong_FromUnsignedLongLong(mask)
+        return self.other.pop(h, default)
+
+    def __contains__(self, h):
+        return self.get(h, None) is not None
+
+    def __len__(self):
+        return self.used + len(self.other)
+
+    def items(self):
+        cdef list out = []
+        cdef Py_ssize_t i
+        for i in range(self.capacity):
+            if self.cell_masks[i] != 0:
+                out.append((PyLong_FromLongLong(self.cell_keys[i]), PyLong_FromUnsignedLongLong(self.cell_masks[i])))
+        out.extend(self.other.items())
+        return out
+
+    def keys(self):
+        return [k for k, _ in self.items()]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def cells(self):
+        """The table's size in cells (for tests of its growth and shrinking)."""
+        return self.capacity
+
+
+cdef inline uint64_t table_mask(MaskTable table, object h) except? 0xFFFFFFFFFFFFFFFF:
+    cdef int64_t key
+    cdef PyObject* found
+    if as_key(h, &key):
+        return table.lookup(key)
+    found = PyDict_GetItem(table.other, h)
+    return mask_of(found)
+
+
+cdef inline int table_set(MaskTable table, object h, uint64_t mask) except -1:
+    """Set (mask not 0) or delete (mask 0) ``h``'s entry."""
+    cdef int64_t key
+    if as_key(h, &key):
+        if mask:
+            table.put(key, mask)
+        else:
+            table.drop(key)
+    elif mask:
+        PyDict_SetItem(table.other, h, PyLong_FromUnsignedLongLong(mask))
+    else:
+        PyDict_DelItem(table.other, h)
+    return 0
+
+
+def overlap_walk(MaskTable held, dict predicted, list hashes, uint64_t current):
     """The prefix walk of ``PrefixIndex.overlap`` from block 1, ``current`` being the slots that hold block 0 (not 0).
 
     Returns ``[(slots that stop, leading blocks they hold), ...]`` in the order the Python walk credits them; the
@@ -110,7 +336,7 @@ def overlap_walk(dict held, dict predicted, list hashes, uint64_t current):
         if position >= PyList_GET_SIZE(hashes):
             raise RuntimeError("hashes changed size during the walk")
         h = <object>PyList_GET_ITEM(hashes, position)
-        mask = mask_of(PyDict_GetItem(held, h))
+        mask = table_mask(held, h)
         if with_predicted:
             mask |= mask_of(PyDict_GetItem(predicted, h))
         mask &= current
@@ -123,7 +349,7 @@ def overlap_walk(dict held, dict predicted, list hashes, uint64_t current):
     return out
 
 
-def store_precise(dict held, dict lru, hashes, uint64_t bit, object no_expiry):
+def store_precise(MaskTable held, dict lru, hashes, uint64_t bit, object no_expiry):
     """``PrefixIndex.stored``'s loop for a precise worker of slot bit ``bit``: each hash marked held and moved to the
     end of the worker's LRU."""
     cdef object seq = PySequence_Fast(hashes, "hashes must be a sequence")
@@ -134,19 +360,18 @@ def store_precise(dict held, dict lru, hashes, uint64_t bit, object no_expiry):
         if i >= PySequence_Fast_GET_SIZE(seq):  # the allocations below may run the GC: never trust an old pointer
             raise RuntimeError("hashes changed size while they were stored")
         h = <object>PySequence_Fast_ITEMS(seq)[i]
-        mask = mask_of(PyDict_GetItem(held, h))
+        mask = table_mask(held, h)
         if mask & bit:
             PyDict_DelItem(lru, h)
         else:
-            PyDict_SetItem(held, h, PyLong_FromUnsignedLongLong(mask | bit))
+            table_set(held, h, mask | bit)
         PyDict_SetItem(lru, h, no_expiry)
 
 
-def remove(dict held, dict lru, hashes, uint64_t bit):
+def remove(MaskTable held, dict lru, hashes, uint64_t bit):
     """``PrefixIndex.removed``'s loop: each hash the worker's LRU has is dropped from it and its bit cleared."""
     cdef object seq = PySequence_Fast(hashes, "hashes must be a sequence")
     cdef Py_ssize_t i
-    cdef uint64_t mask
     cdef object h
     cdef uint64_t keep = ~bit
     for i in range(PySequence_Fast_GET_SIZE(seq)):
@@ -156,8 +381,4 @@ def remove(dict held, dict lru, hashes, uint64_t bit):
         if PyDict_GetItem(lru, h) == NULL:
             continue
         PyDict_DelItem(lru, h)
-        mask = mask_of(PyDict_GetItem(held, h)) & keep
-        if mask:
-            PyDict_SetItem(held, h, PyLong_FromUnsignedLongLong(mask))
-        else:
-            PyDict_DelItem(held, h)
+        table_set(held, h, table_mask(held, h) & keep)

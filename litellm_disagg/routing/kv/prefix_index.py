@@ -24,9 +24,13 @@ Contracts:
   blocks the event loop for long.
 
 Representation: each worker gets a slot (a bit); ``hash -> bitmask of slots`` for both layers, so a query does one
-dict lookup and one AND per block whatever the number of workers. Every big table is a plain dict of ints and floats,
-which CPython's cyclic garbage collector does not track: a million entries add nothing to a collection's pause (an
-``OrderedDict`` LRU would add about 60 ms to every full collection). Each worker's LRU is a dict in insertion order
+table lookup and one AND per block whatever the number of workers. With the compiled core (``native.py``) the held
+layer's table is a ``MaskTable`` (C integers, open addressing: one cache miss per probe instead of a dict entry, a key
+object and a mask object; no Python int per mask) while the masks fit 64 bits; past 64 slots (live or retired) it
+turns into a dict, which the pure-Python paths use throughout and which stays the reference the compiled index is
+tested against. Every other big table is a plain dict of ints and floats, which CPython's cyclic garbage collector
+does not track: a million entries add nothing to a collection's pause (an ``OrderedDict`` LRU would add about 60 ms
+to every full collection). Each worker's LRU is a dict in insertion order
 (a touch re-inserts at the end); when it outgrows its capacity, the oldest ``capacity / 16`` entries go at once, so
 scanning past the holes that deletions leave at the dict's front costs O(1) per insertion on average.
 """
@@ -39,6 +43,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
 
 from litellm_disagg.routing.kv.block_hash import BlockHash
 from litellm_disagg.routing.kv.native import core as _native
@@ -85,7 +91,10 @@ class PrefixIndex:
         self._alive = 0
         self._free: list[int] = []
         self._retired: deque[int] = deque()
-        self._held: dict[BlockHash, int] = {}
+        self._core: ModuleType | None = _native
+        """The compiled core while its loops run (it is built, and every slot index is below 64), else None."""
+        self._held: Any = _native.MaskTable() if _native is not None else {}
+        """Block hash -> slot mask: a ``MaskTable`` with the compiled core (dict methods, C integers), else a dict."""
         self._predicted: dict[BlockHash, int] = {}
         self._prediction_queue: deque[tuple[float, _Slot, int, tuple[BlockHash, ...]]] = deque()
 
@@ -137,8 +146,9 @@ class PrefixIndex:
         if slot.predicted:
             hashes = list(hashes)
             self._confirm_predictions(slot, bit, hashes)
-        if slot.ttl_s is None and _native is not None and len(self._slots) <= _NATIVE_SLOTS:
-            _native.store_precise(held, lru, hashes, bit, _NO_EXPIRY)  # the loop below, compiled
+        core = self._core
+        if slot.ttl_s is None and core is not None:
+            core.store_precise(held, lru, hashes, bit, _NO_EXPIRY)  # the loop below, compiled
         elif slot.ttl_s is None:  # precise: the stored expiry never changes, a known block only moves to the end
             for h in hashes:
                 mask = held_get(h, 0)
@@ -164,8 +174,9 @@ class PrefixIndex:
         index = self._slot_of.get(worker_id)
         if index is None:
             return
-        if _native is not None and len(self._slots) <= _NATIVE_SLOTS:
-            _native.remove(self._held, self._slot(index).held, hashes, 1 << index)  # the loop below, compiled
+        core = self._core
+        if core is not None:
+            core.remove(self._held, self._slot(index).held, hashes, 1 << index)  # the loop below, compiled
             return
         pop = self._slot(index).held.pop
         held = self._held
@@ -231,9 +242,10 @@ class PrefixIndex:
         if not current:
             return {}
         out: dict[str, int] = {}
-        if _native is not None and len(self._slots) <= _NATIVE_SLOTS and isinstance(hashes, list):
+        core = self._core
+        if core is not None and isinstance(hashes, list):
             # The walk below, compiled: (slots that stop, blocks they hold), in the order the walk credits them.
-            for bits, count in _native.overlap_walk(held, predicted_, hashes, current):
+            for bits, count in core.overlap_walk(held, predicted_, hashes, current):
                 self._credit(out, bits, count)
             return out
         position = 1
@@ -309,6 +321,10 @@ class PrefixIndex:
         else:
             index = len(self._slots)
             self._slots.append(slot)
+            if index >= _NATIVE_SLOTS and self._core is not None:
+                # A 65th slot: masks outgrow the compiled core's 64 bits; the index goes on in Python, over a dict.
+                self._core = None
+                self._held = dict(self._held.items())
         self._alive |= 1 << index
         return index
 
