@@ -8,13 +8,13 @@ import asyncio
 import pytest
 
 from bench.serving import breakdown, pd, workloads
-from bench.serving.workers import read_counters
+from bench.serving.workers import read_counters, vllm_worker_argvs
 from litellm_disagg.settings import DisaggSettings
 from litellm_disagg.sim.request_log import read as read_traces
 
 
 def test_each_arm_is_the_strategy_it_names(tmp_path):
-    pools = pd.Pools(tmp_path, [], [], None)
+    pools = pd.Pools(tmp_path, [], [], [])
     settings = {arm: DisaggSettings.from_proxy_config(pd.proxy_config(arm, pools)) for arm in pd.PD_ARMS if arm != "pd_oracle"}
     precise, approximate = settings["pd_kv_precise"].kv_routing, settings["pd_kv_approximate"].kv_routing
     assert precise.enabled and precise.index.mode == "precise" and precise.disaggregation.mode == "auto"
@@ -60,3 +60,40 @@ def test_the_oracle_prefills_remotely_once_per_document_then_locally(tmp_path):
     for b in parts:
         assert b.worker == pools.decode[0].worker_id
         assert sum(b.parts_ms.values()) == pytest.approx(b.ttft_ms, abs=0.01)
+
+
+def test_vllm_backend_defaults_fit_two_cores_and_leave_the_sim_defaults_alone():
+    real, sim = pd.parse_args(["--backend", "vllm"]), pd.parse_args([])
+    assert (real.prefill, real.decode, real.requests, real.max_tokens) == (1, 2, 16, 12)
+    assert (sim.prefill, sim.decode, sim.requests, sim.max_tokens) == (4, 4, 120, 24)
+    assert pd.parse_args(["--backend", "vllm", "--decode", "3", "--requests", "8"]).decode == 3
+    assert real.warm_up_words < sim.warm_up_words
+
+
+def test_vllm_pools_are_prefill_and_decode_workers_and_the_proxy_tokenizes_with_the_model_dir(tmp_path):
+    argvs = vllm_worker_argvs(tmp_path, count=3, model_dir="/models/smol", served="smollm2", kv_cache_mib=768,
+                              max_model_len=4096, roles=["prefill", "decode", "decode"])
+    roles = [argv[argv.index("--role") + 1] for argv in argvs]
+    ids = [argv[argv.index("--worker-id") + 1] for argv in argvs]
+    events = [argv[argv.index("--kv-events-port") + 1] for argv in argvs]
+    assert roles == ["prefill", "decode", "decode"] and len(set(ids)) == 3 and len(set(events)) == 3
+    small = dict(model_dir="m", served="s", kv_cache_mib=1, max_model_len=1)
+    assert [argv[argv.index("--role") + 1] for argv in vllm_worker_argvs(tmp_path, count=2, **small)] == ["both"] * 2
+    with pytest.raises(ValueError):
+        vllm_worker_argvs(tmp_path, count=3, roles=["decode"], **small)
+    pools = pd.Pools(tmp_path, [], [], [], None, "smollm2", "/models/smol")
+    settings = DisaggSettings.from_proxy_config(pd.proxy_config("pd_kv_precise", pools))
+    assert settings.kv_routing.tokenizer.model_dirs == {"smollm2": "/models/smol"}
+
+
+def test_connect_pairs_moves_kv_once_between_every_prefill_and_decode_worker(tmp_path):
+    pools = pd.start_pools(tmp_path, prefill=1, decode=2, speedup=1.0, blocks=4096, block_size=16)
+    try:
+        before = asyncio.run(read_counters(pools.all))
+        asyncio.run(pd.connect_pairs(pools))
+        after = asyncio.run(read_counters(pools.all))
+    finally:
+        pools.close()
+    served = {w: after[w]["requests_finished"] - before[w]["requests_finished"] for w in after}
+    assert served[pools.prefill[0].worker_id] == 2  # one prefill per decode worker
+    assert all(served[d.worker_id] == 1 for d in pools.decode)

@@ -1,9 +1,13 @@
 """``python -m bench.serving.pd``: routing over a prefill pool and a decode pool, through the real LiteLLM proxy.
 
     flock -x /tmp/ld-cpu.lock .venv/bin/python -m bench.serving.pd --prefill 4 --decode 4 --runs 3
+    flock -x /tmp/ld-vllm.lock flock -x /tmp/ld-cpu.lock .venv/bin/python -m bench.serving.pd --backend vllm
 
-Simulated workers (``litellm_disagg.sim``, KV events on) in two pools. Every arm runs the same seeded schedule, arms
-interleaved within each run (run 1: every arm, run 2: every arm, ...), prefix caches emptied before each arm.
+Simulated workers (``litellm_disagg.sim``, KV events on) in two pools, or real vLLM CPU workers (``--backend vllm``:
+``litellm-disagg worker --role prefill|decode``, SmolLM2-135M, NixlConnector, KV events on; 1 prefill + 2 decode by
+default, and sizes that fit two cores: 16 requests per arm at 0.25/s over four ~800-token documents; every pair's
+NIXL handshake is done before the first arm). Every arm runs the same seeded schedule, arms interleaved within each
+run (run 1: every arm, run 2: every arm, ...), prefix caches emptied before each arm.
 
 | arm                  | prefill worker             | decode worker              | remote or local prefill        |
 |----------------------|----------------------------|----------------------------|--------------------------------|
@@ -42,7 +46,7 @@ from bench.serving import breakdown, cli, loadgen, proxy, workloads
 from bench.serving.arms import Arm, ArmName, Placement
 from bench.serving.loadgen import RequestResult
 from bench.serving.report import percentile
-from bench.serving.workers import SIM_TOKENIZER, Worker, read_counters, reset_prefix_caches
+from bench.serving.workers import SIM_TOKENIZER, Worker, read_counters, reset_prefix_caches, start_vllm
 from bench.serving.workloads import Schedule, Session, conversation
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.engines.base import Endpoint
@@ -54,22 +58,37 @@ from litellm_disagg.sim.request_log import read as read_traces
 PD_ARMS = ("pd_kv_precise", "pd_kv_approximate", "pd_least_inflight", "pd_round_robin", "pd_oracle")
 MODEL = "sim-model"
 
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "sim": dict(prefill=4, decode=4, requests=120, rate=8.0, documents=16, prefix_words=2000, question_words=60,
+                max_tokens=24),
+    # Two cores for three one-thread engines: a cold ~1k-token prompt took SmolLM2 about 4 s to prefill (smoke run,
+    # load 5), a transfer 0.1-0.8 s; 0.5 requests/s over ~1.1k-token documents queued every arm to 7-12 s TTFT.
+    "vllm": dict(prefill=1, decode=2, requests=16, rate=0.25, documents=4, prefix_words=350, question_words=25,
+                 max_tokens=12),
+}
+"""Per backend, what an option left out means."""
+
 
 @dataclass
 class Pools:
     registry_dir: Path
     prefill: list[Worker]
     decode: list[Worker]
-    proc: Any
+    procs: list[Any]
     request_log: Path | None = None
-    """The workers' per-request traces (``litellm_disagg/sim/request_log.py``), for ``breakdown.py``."""
+    """The workers' per-request traces (``litellm_disagg/sim/request_log.py``), for ``breakdown.py``; None for vLLM."""
+    model: str = MODEL
+    """Served model name."""
+    tokenizer: str = SIM_TOKENIZER
+    """What the KV-aware proxy tokenizes with: the model directory, or the simulator's ``python:`` factory."""
 
     @property
     def all(self) -> list[Worker]:
         return [*self.prefill, *self.decode]
 
     def close(self) -> None:
-        stop(self.proc, timeout_s=60)
+        for proc in self.procs:
+            stop(proc, timeout_s=60)
 
 
 def start_pools(run_dir: Path, *, prefill: int, decode: int, speedup: float, blocks: int, block_size: int) -> Pools:
@@ -89,7 +108,7 @@ def start_pools(run_dir: Path, *, prefill: int, decode: int, speedup: float, blo
         p = [Worker(c.worker_id, c.server_url) for c in ready if c.role.value == "prefill"]
         d = [Worker(c.worker_id, c.server_url) for c in ready if c.role.value == "decode"]
         if len(p) >= prefill and len(d) >= decode:
-            return Pools(registry, p[:prefill], d[:decode], proc, run_dir / "requests.jsonl")
+            return Pools(registry, p[:prefill], d[:decode], [proc], run_dir / "requests.jsonl")
         if proc.poll() is not None:
             raise RuntimeError(f"the simulator exited (see {run_dir / 'sim.log'})")
         time.sleep(0.5)
@@ -97,10 +116,50 @@ def start_pools(run_dir: Path, *, prefill: int, decode: int, speedup: float, blo
     raise TimeoutError("the simulated pools did not register")
 
 
+def start_vllm_pools(run_dir: Path, *, prefill: int, decode: int, model_dir: str, served: str, kv_cache_mib: int,
+                     max_model_len: int) -> Pools:
+    """Real vLLM CPU workers, ``prefill`` with role prefill and ``decode`` with role decode (NixlConnector pull),
+    registered in one file registry; their pools as discovery lists them."""
+    roles = ["prefill"] * prefill + ["decode"] * decode
+    workers = start_vllm(run_dir, count=len(roles), model_dir=model_dir, served=served, kv_cache_mib=kv_cache_mib,
+                         max_model_len=max_model_len, roles=roles)
+    try:
+        configs = asyncio.run(FileRegistry(workers.registry_dir).snapshot())
+        role = {c.worker_id: c.role.value for c in configs}
+        p = [w for w in workers.workers if role.get(w.worker_id) == "prefill"]
+        d = [w for w in workers.workers if role.get(w.worker_id) == "decode"]
+        if (len(p), len(d)) != (prefill, decode):
+            raise RuntimeError(f"discovery lists {len(p)} prefill and {len(d)} decode workers, not {prefill}+{decode}")
+    except BaseException:
+        workers.close()
+        raise
+    return Pools(workers.registry_dir, p, d, list(workers.procs), None, served, model_dir)
+
+
+async def connect_pairs(pools: Pools) -> None:
+    """One short disaggregated request per (prefill, decode) pair, straight to the workers (NixlConnector protocol):
+    a pair's first transfer includes the decode worker's NIXL handshake with the prefill worker (up to seconds on a
+    busy CPU), which would otherwise land in whichever arm runs first. Not measured; caches are emptied before every
+    arm."""
+    async with httpx.AsyncClient(timeout=300) as client:
+        for p in pools.prefill:
+            for d in pools.decode:
+                name = f"pd-connect-{p.worker_id}-{d.worker_id}"
+                body: dict[str, Any] = {"model": pools.model, "max_tokens": 2, "temperature": 0,
+                                        "messages": [{"role": "user", "content": f"{name}: " + "hello there " * 40}]}
+                r = await client.post(f"{p.server_url}/v1/chat/completions", headers={"X-Request-Id": name},
+                                      json=build_prefill_body(Endpoint.CHAT, pools.model, body))
+                r.raise_for_status()
+                body["kv_transfer_params"] = parse_transfer_params(r.json()).for_decode()
+                r = await client.post(f"{d.server_url}/v1/chat/completions", headers={"X-Request-Id": name}, json=body)
+                r.raise_for_status()
+
+
 def proxy_config(arm: str, pools: Pools) -> dict[str, Any]:
     kv: dict[str, Any]
     if arm in ("pd_kv_precise", "pd_kv_approximate"):
-        kv = {"enabled": True, "disaggregation": {"mode": "auto"}, "tokenizer": {"model_dirs": {MODEL: SIM_TOKENIZER}},
+        kv = {"enabled": True, "disaggregation": {"mode": "auto"},
+              "tokenizer": {"model_dirs": {pools.model: pools.tokenizer}},
               "index": {"mode": "precise" if arm == "pd_kv_precise" else "approximate"}}
         picker = "least_inflight"
     else:
@@ -136,7 +195,7 @@ async def run_oracle(schedule: Schedule, pools: Pools, *, max_tokens: int) -> tu
             answers: list[str] = []
             for index, turn in enumerate(session.turns):
                 name = loadgen.request_name(session, index)
-                body: dict[str, Any] = {"model": MODEL, "messages": conversation(session, index, answers),
+                body: dict[str, Any] = {"model": pools.model, "messages": conversation(session, index, answers),
                                         "max_tokens": max_tokens, "temperature": 0, "stream": True}
                 headers = {"X-Request-Id": name}  # both halves under one id, as the router sends them
                 d = d_place.pick(turn.prefix_key)
@@ -145,7 +204,7 @@ async def run_oracle(schedule: Schedule, pools: Pools, *, max_tokens: int) -> tu
                     seen.add(turn.prefix_key)
                     p = pools.prefill[p_place.pick(turn.prefix_key)]
                     r = await prefill_client.post(f"{p.server_url}/v1/chat/completions", headers=headers,
-                                                  json=build_prefill_body(Endpoint.CHAT, MODEL, body))
+                                                  json=build_prefill_body(Endpoint.CHAT, pools.model, body))
                     if r.status_code == 200:
                         body["kv_transfer_params"] = parse_transfer_params(r.json()).for_decode()
                 prefill_s = time.monotonic() - started
@@ -245,16 +304,16 @@ def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argpars
         results, _ = asyncio.run(run_oracle(schedule, pools, max_tokens=args.max_tokens))
         after = asyncio.run(read_counters(pools.all))
         return figures(arm, run, results, pools, before, after), results
-    server = proxy.start(proxy_config(arm, pools), run_dir, f"{arm}-{run}", model=MODEL, timeout_s=600)
+    server = proxy.start(proxy_config(arm, pools), run_dir, f"{arm}-{run}", model=pools.model, timeout_s=600)
     try:
         time.sleep(1.0)  # discovery, KV event subscriptions and the load scraper catch up
-        asyncio.run(warm_up(server.base_url, server.key, pools))
+        asyncio.run(warm_up(server.base_url, server.key, pools, words=args.warm_up_words))
         time.sleep(0.5)  # the warm-up's in-flight entries end
         asyncio.run(reset_prefix_caches(pools.all))
         time.sleep(0.5)  # the AllBlocksCleared events reach the router
         before = asyncio.run(read_counters(pools.all))
         results, _ = asyncio.run(loadgen.run(schedule, arm=Arm(cast(ArmName, arm), {}), base_url=server.base_url,
-                                             key=server.key, model=MODEL, workers=len(pools.decode),
+                                             key=server.key, model=pools.model, workers=len(pools.decode),
                                              max_tokens=args.max_tokens))
         after = asyncio.run(read_counters(pools.all))
     finally:
@@ -275,7 +334,7 @@ async def warm_up(base_url: str, key: str, pools: Pools, *, rounds: int = 2, wor
         async def one(i: int) -> None:
             text = " ".join(rng.choice(("ka", "ri", "to", "na", "me", "so")) + str(rng.randrange(1000))
                             for _ in range(words))
-            body = {"model": MODEL, "max_tokens": 2, "stream": True,
+            body = {"model": pools.model, "max_tokens": 2, "stream": True,
                     "messages": [{"role": "user", "content": f"warm-up {i}: {text}"}]}
             async with client.stream("POST", "/v1/chat/completions", json=body,
                                      headers={"Authorization": f"Bearer {key}"}) as r:
@@ -368,29 +427,60 @@ def plot(rows: list[PDFigures], title: str, path: Path) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.serving.pd", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prefill", type=int, default=4)
-    p.add_argument("--decode", type=int, default=4)
+    p.add_argument("--backend", choices=["sim", "vllm"], default="sim")
+    p.add_argument("--prefill", type=int)
+    p.add_argument("--decode", type=int)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--arms", default=",".join(PD_ARMS), help="comma-separated, from: " + ", ".join(PD_ARMS))
     p.add_argument("--workload", default="shared", choices=workloads.WORKLOADS)
-    p.add_argument("--requests", type=int, default=120)
-    p.add_argument("--rate", type=float, default=8.0)
-    p.add_argument("--documents", type=int, default=16)
-    p.add_argument("--prefix-words", type=int, default=2000)
-    p.add_argument("--question-words", type=int, default=60)
+    p.add_argument("--requests", type=int)
+    p.add_argument("--rate", type=float)
+    p.add_argument("--documents", type=int)
+    p.add_argument("--prefix-words", type=int)
+    p.add_argument("--question-words", type=int)
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--think", type=float, default=0.5)
-    p.add_argument("--max-tokens", type=int, default=24)
+    p.add_argument("--max-tokens", type=int)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--speedup", type=float, default=1.0)
-    p.add_argument("--blocks", type=int, default=4096)
-    p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--out", default="bench/results")
+    sim = p.add_argument_group("simulated workers")
+    sim.add_argument("--speedup", type=float, default=1.0)
+    sim.add_argument("--blocks", type=int, default=4096)
+    sim.add_argument("--block-size", type=int, default=16)
+    real = p.add_argument_group("real vLLM workers")
+    real.add_argument("--model-dir", help="model directory (default: SmolLM2-135M-Instruct, prepared offline)")
+    real.add_argument("--served-model-name", default="smollm2")
+    real.add_argument("--kv-cache-mib", type=int, default=768)
+    real.add_argument("--max-model-len", type=int, default=4096)
     args = p.parse_args(argv)
+    for name, value in DEFAULTS[args.backend].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.warm_up_words = 600 if args.backend == "sim" else 250
     for arm in args.arms.split(","):
         if arm not in PD_ARMS:
             raise SystemExit(f"unknown arm {arm!r}; choose from {', '.join(PD_ARMS)}")
     return args
+
+
+def start(args: argparse.Namespace, run_dir: Path) -> Pools:
+    if args.backend == "sim":
+        return start_pools(run_dir, prefill=args.prefill, decode=args.decode, speedup=args.speedup,
+                           blocks=args.blocks, block_size=args.block_size)
+    model_dir = args.model_dir
+    if model_dir is None:
+        from litellm_disagg.models.smollm2 import prepare_smollm2
+
+        model_dir = str(prepare_smollm2())
+    pools = start_vllm_pools(run_dir, prefill=args.prefill, decode=args.decode, model_dir=model_dir,
+                             served=args.served_model_name, kv_cache_mib=args.kv_cache_mib,
+                             max_model_len=args.max_model_len)
+    try:
+        asyncio.run(connect_pairs(pools))
+    except BaseException:
+        pools.close()
+        raise
+    return pools
 
 
 def main(argv: list[str] | None = None) -> list[PDFigures]:
@@ -401,8 +491,7 @@ def main(argv: list[str] | None = None) -> list[PDFigures]:
     run_dir = cli.new_run_dir("serving-pd-")
     shape = cli.shape_from_args(args)
     schedule = workloads.build(args.workload, shape, seed=args.seed)
-    pools = start_pools(run_dir, prefill=args.prefill, decode=args.decode, speedup=args.speedup, blocks=args.blocks,
-                        block_size=args.block_size)
+    pools = start(args, run_dir)
     rows: list[PDFigures] = []
     try:
         for run in range(1, args.runs + 1):
@@ -412,10 +501,11 @@ def main(argv: list[str] | None = None) -> list[PDFigures]:
             print(table([r for r in rows if r.run == run]), flush=True)
     finally:
         pools.close()
+    kind = "simulated workers" if args.backend == "sim" else f"vLLM CPU workers ({pools.model})"
     title = (f"{args.workload}: {schedule.requests} requests at {args.rate:g}/s, {args.prefill}P+{args.decode}D "
-             f"simulated workers, {args.runs} runs")
+             f"{kind}, {args.runs} runs")
     print(f"\n{title}\n{ranges_table(rows)}")
-    stem = out / f"serving_pd_{args.workload}"
+    stem = out / (f"serving_pd_{args.workload}" if args.backend == "sim" else f"serving_pd_vllm_{args.workload}")
     stem.with_suffix(".json").write_text(json.dumps(
         {"meta": {k: v for k, v in vars(args).items() if k != "out"}, "runs": [dataclasses.asdict(r) for r in rows]},
         indent=2))

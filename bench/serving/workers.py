@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,20 +74,16 @@ def start_sim(run_dir: Path, *, count: int, speedup: float, blocks: int, block_s
 
 
 def start_vllm(run_dir: Path, *, count: int, model_dir: str, served: str, kv_cache_mib: int, max_model_len: int,
-               ) -> WorkerSet:
-    """Real vLLM CPU workers (``litellm-disagg worker --role both``), one core's worth of threads each, KV events on,
+               roles: Sequence[str] | None = None) -> WorkerSet:
+    """Real vLLM CPU workers (``litellm-disagg worker --role ROLE``, role ``both`` unless ``roles`` names one per
+    worker: prefill and decode workers move KV with NixlConnector), one core's worth of threads each, KV events on,
     ``/reset_prefix_cache`` enabled (VLLM_SERVER_DEV_MODE=1)."""
-    from litellm_disagg.workers.wrapper import free_port
-
     registry = run_dir / "registry"
-    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_SERVER_DEV_MODE="1")
     procs = []
-    for i in range(count):
-        argv = [sys.executable, "-m", "litellm_disagg.cli", "worker", "--role", "both", "--model", model_dir,
-                "--served-model-name", served, "--kv-cache-mib", str(kv_cache_mib), "--max-model-len",
-                str(max_model_len), "--registry-dir", str(registry), "--worker-id", f"bench-{i}",
-                "--kv-events-port", str(free_port())]
-        procs.append(spawn(argv, env=env, log=run_dir / f"worker-{i}.log"))
+    for argv in vllm_worker_argvs(registry, count=count, model_dir=model_dir, served=served,
+                                  kv_cache_mib=kv_cache_mib, max_model_len=max_model_len, roles=roles):
+        procs.append(spawn(argv, env=dict(os.environ, **VLLM_WORKER_ENV),
+                           log=run_dir / f"worker-{len(procs)}.log"))
     try:
         workers = _wait_registered(registry, served, count, procs, timeout_s=900)
     except BaseException:
@@ -94,6 +91,30 @@ def start_vllm(run_dir: Path, *, count: int, model_dir: str, served: str, kv_cac
             stop(proc, timeout_s=30)
         raise
     return WorkerSet(served, model_dir, registry, workers, procs)
+
+
+VLLM_WORKER_ENV = {"OMP_NUM_THREADS": "1", "VLLM_SERVER_DEV_MODE": "1"}
+"""Every benchmark vLLM worker's environment, over the caller's: one thread each (two or more workers share the
+cores), ``POST /reset_prefix_cache`` on."""
+
+
+def vllm_worker_argvs(registry: Path, *, count: int, model_dir: str, served: str, kv_cache_mib: int,
+                      max_model_len: int, roles: Sequence[str] | None = None) -> list[list[str]]:
+    """The ``litellm-disagg worker`` command lines: worker ``i`` gets ``roles[i]`` (default ``both``), the id
+    ``bench-<i>`` (``bench-<role>-<i>`` when a role is given) and a free port for its KV events."""
+    from litellm_disagg.workers.wrapper import free_port
+
+    if roles is not None and len(roles) != count:
+        raise ValueError(f"{len(roles)} roles for {count} workers")
+    argvs = []
+    for i in range(count):
+        role = roles[i] if roles is not None else "both"
+        worker_id = f"bench-{i}" if roles is None else f"bench-{role}-{i}"
+        argvs.append([sys.executable, "-m", "litellm_disagg.cli", "worker", "--role", role, "--model", model_dir,
+                      "--served-model-name", served, "--kv-cache-mib", str(kv_cache_mib), "--max-model-len",
+                      str(max_model_len), "--registry-dir", str(registry), "--worker-id", worker_id,
+                      "--kv-events-port", str(free_port())])
+    return argvs
 
 
 def _wait_registered(registry: Path, model: str, count: int, procs: list[subprocess.Popen[bytes]], *,
