@@ -6,10 +6,20 @@ tokenization uses, so a proxy can tokenize for simulated workers itself instead 
         model_dirs: {sim-model: "python:litellm_disagg.sim.hf_tokenizer:load"}
 
 Same ids as the simulated worker's ``/tokenize`` and its engine.
+
+Text is encoded part by part (``tokenizer.split_specials``: the text between special tokens, whose ids never depend
+on what surrounds it), each part through a bounded LRU of part text -> ids (``PartCache``). A conversation resends
+its history every turn; its next turn then encodes only its new messages, as the router's token cache does for a
+Hugging Face tokenizer (``routing/kv/token_cache.py``, which needs a ``tokenizers`` backend this tokenizer does not
+have). Without it, a 4,000-word prompt costs the proxy 3-6 ms of pure-Python encoding on every turn, under the GIL
+(docs/benchmarks.md, "multi-turn: where the KV arm's proxy time went").
 """
 
 from __future__ import annotations
 
+import threading
+from array import array
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -17,8 +27,63 @@ from litellm_disagg.sim import tokenizer
 from litellm_disagg.sim.chat_template import render_chat
 from litellm_disagg.sim.protocol import ChatMessage
 
+DEFAULT_MAX_CACHED_TOKENS = 1_000_000
+"""About 2 MB of ids (two bytes a token)."""
+
+MIN_CACHED_CHARS = 64
+"""Shorter parts are encoded every time (cheaper than a cache entry)."""
+
+assert tokenizer.VOCAB_SIZE <= 1 << 16  # ids are kept as unsigned 16-bit
+
+
+class PartCache:
+    """Bounded LRU of a plain part's text -> its ids (``array('H')``); ``max_tokens`` bounds the sum of the cached
+    parts' lengths (a part longer than that is not cached). Thread-safe."""
+
+    def __init__(self, max_tokens: int = DEFAULT_MAX_CACHED_TOKENS):
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be positive")
+        self.max_tokens = max_tokens
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[str, array[int]] = OrderedDict()
+        self._tokens = 0
+        self._lock = threading.Lock()
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def ids(self, part: str) -> array[int] | list[int]:
+        """``tokenizer.encode_plain(part)``, from the cache when it holds ``part``."""
+        if len(part) < MIN_CACHED_CHARS:
+            return tokenizer.encode_plain(part)
+        with self._lock:
+            found = self._entries.get(part)
+            if found is not None:
+                self._entries.move_to_end(part)
+                self.hits += 1
+                return found
+            self.misses += 1
+        ids = array("H", tokenizer.encode_plain(part))
+        if len(ids) <= self.max_tokens:
+            with self._lock:
+                if part not in self._entries:
+                    self._entries[part] = ids
+                    self._tokens += len(ids)
+                    while self._tokens > self.max_tokens:
+                        _, dropped = self._entries.popitem(last=False)
+                        self._tokens -= len(dropped)
+        return ids
+
 
 class SimHFTokenizer:
+    def __init__(self, max_cached_tokens: int = DEFAULT_MAX_CACHED_TOKENS):
+        self.parts = PartCache(max_cached_tokens)
+
     def apply_chat_template(
         self,
         messages: Sequence[Mapping[str, Any]],
@@ -35,11 +100,21 @@ class SimHFTokenizer:
             continue_final_message=continue_final_message,
             tools=tools,
         )
-        return tokenizer.encode(text) if tokenize else text
+        return self.encode(text) if tokenize else text
 
     def __call__(self, text: str, *, add_special_tokens: bool = False) -> dict[str, list[int]]:
         # The simulator has no BOS token: add_special_tokens changes nothing, as on its /tokenize.
-        return {"input_ids": tokenizer.encode(text)}
+        return {"input_ids": self.encode(text)}
+
+    def encode(self, text: str) -> list[int]:
+        """``tokenizer.encode(text)``, each plain part through the cache."""
+        ids: list[int] = []
+        for i, part in enumerate(tokenizer.split_specials(text)):
+            if i % 2:
+                ids.append(tokenizer.SPECIAL_TOKENS[part])
+            elif part:
+                ids.extend(self.parts.ids(part))
+        return ids
 
 
 def load() -> SimHFTokenizer:

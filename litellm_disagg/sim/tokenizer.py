@@ -57,12 +57,23 @@ def _piece_id(piece: str) -> int:
 
 def encode(text: str) -> list[int]:
     ids: list[int] = []
-    for i, segment in enumerate(_SPECIALS.split(text)):
+    for i, segment in enumerate(split_specials(text)):
         if i % 2:
             ids.append(SPECIAL_TOKENS[segment])
         elif segment:
-            ids.extend(_piece_id(m.group()) for m in _PIECES.finditer(segment))
+            ids.extend(encode_plain(segment))
     return ids
+
+
+def split_specials(text: str) -> list[str]:
+    """``text`` cut around its special tokens: plain text at even indices (possibly empty), a special token's text at
+    odd ones. ``encode`` is the concatenation of each part's ids: a plain part's ids never depend on its neighbours."""
+    return _SPECIALS.split(text)
+
+
+def encode_plain(segment: str) -> list[int]:
+    """The ids of text without special tokens (a plain part of ``split_specials``)."""
+    return [_piece_id(m.group()) for m in _PIECES.finditer(segment)]
 
 
 def token_text(token_id: int) -> str:
