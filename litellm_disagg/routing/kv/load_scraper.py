@@ -53,7 +53,7 @@ import httpx
 from litellm_disagg.engines import prom_text
 from litellm_disagg.engines.base import MetricNames
 from litellm_disagg.engines.vllm.metrics import VLLM_METRICS
-from litellm_disagg.http_client import pooled_client
+from litellm_disagg.routing.kv.metrics_fetch import AiohttpFetch, FetchError, HttpxFetch, MetricsFetch
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +263,7 @@ class LoadScraper:
         timeout_s: float = 1.0,
         stale_after_s: float = 2.0,
         client: httpx.AsyncClient | None = None,
+        headers: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_transfers: Callable[[TransferSample], None] | None = None,
         transfer_carry_s: float = 5.0,
@@ -270,12 +271,13 @@ class LoadScraper:
     ):
         """``on_transfers``: called (on the event loop, never with an exception escaping) with each worker's
         ``TransferSample``; ``transfer_carry_s``: how long a one-sided increase waits for its other side;
-        ``metrics``: the metric names of a worker whose engine ``set_targets`` does not name."""
+        ``metrics``: the metric names of a worker whose engine ``set_targets`` does not name. ``client``: an httpx
+        client to fetch the pages with (the caller's, not closed here); without one, the scraper's own aiohttp
+        session (``metrics_fetch.py``: a quarter of the CPU per page), sending ``headers`` (a worker key)."""
         self.interval_s = interval_s
         self.timeout_s = timeout_s
         self.stale_after_s = stale_after_s
-        self._client = client
-        self._own_client = client is None
+        self._fetch: MetricsFetch = HttpxFetch(client) if client is not None else AiohttpFetch(headers=headers)
         self._clock = clock
         self._targets: dict[str, str] = {}
         self._last: dict[str, ScrapedLoad] = {}
@@ -345,15 +347,13 @@ class LoadScraper:
             await asyncio.gather(*(self._scrape(worker_id, url) for worker_id, url in targets))
 
     async def _scrape(self, worker_id: str, server_url: str) -> None:
-        client = self._http()
         try:
             names = self._names.get(worker_id, self._default_names)
-            response = await client.get(f"{server_url}/{names.path}", timeout=self.timeout_s)
-            response.raise_for_status()
-            parsed, totals = _parse(response.text, names)
+            page = await self._fetch.text(f"{server_url}/{names.path}", timeout_s=self.timeout_s)
+            parsed, totals = _parse(page, names)
             if parsed is None:
                 raise ValueError("no load metrics on the page")
-        except (httpx.HTTPError, ValueError) as exc:
+        except (FetchError, ValueError) as exc:
             previous = self._last.get(worker_id)
             if worker_id in self._targets and (previous is None or not previous.stale):
                 logger.debug("load scrape of %s failed: %s", worker_id, exc)
@@ -388,9 +388,7 @@ class LoadScraper:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self._own_client and self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self._fetch.aclose()
 
     async def _run(self) -> None:
         while True:
@@ -400,8 +398,3 @@ class LoadScraper:
             except Exception:  # never let load collection die
                 logger.exception("load scrape round failed")
             await asyncio.sleep(max(0.0, self.interval_s - (self._clock() - started)))
-
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = pooled_client(timeout=self.timeout_s, max_connections=256, max_keepalive_connections=128)
-        return self._client
