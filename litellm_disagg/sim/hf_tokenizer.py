@@ -57,6 +57,11 @@ class PartCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def missing_chars(self, parts: Sequence[str]) -> int:
+        """Characters of ``parts`` (plain parts) that ``ids`` would encode now: the uncached ones (a peek)."""
+        with self._lock:
+            return sum(len(p) for p in parts if len(p) < MIN_CACHED_CHARS or p not in self._entries)
+
     def ids(self, part: str) -> array[int] | list[int]:
         """``tokenizer.encode_plain(part)``, from the cache when it holds ``part``."""
         if len(part) < MIN_CACHED_CHARS:
@@ -106,10 +111,21 @@ class SimHFTokenizer:
         # The simulator has no BOS token: add_special_tokens changes nothing, as on its /tokenize.
         return {"input_ids": self.encode(text)}
 
+    def encode_cached(self, text: str, max_new_chars: int) -> list[int] | None:
+        """``encode(text)`` when at most ``max_new_chars`` characters of it are not cached (cheap enough for the
+        router to encode on its event loop: ``routing/kv/tokenizer.py``); else None, with nothing encoded."""
+        parts = tokenizer.split_specials(text)
+        if self.parts.missing_chars(parts[::2]) > max_new_chars:
+            return None
+        return self._join(parts)
+
     def encode(self, text: str) -> list[int]:
         """``tokenizer.encode(text)``, each plain part through the cache."""
+        return self._join(tokenizer.split_specials(text))
+
+    def _join(self, parts: list[str]) -> list[int]:
         ids: list[int] = []
-        for i, part in enumerate(tokenizer.split_specials(text)):
+        for i, part in enumerate(parts):
             if i % 2:
                 ids.append(tokenizer.SPECIAL_TOKENS[part])
             elif part:

@@ -90,3 +90,18 @@ def test_the_part_cache_is_bounded_and_exact() -> None:
     huge = "kalo " * 400
     assert list(cache.ids(huge)) == sim_tokenizer.encode_plain(huge)  # longer than the bound: encoded, not cached
     assert len(cache) == 2
+
+
+async def test_the_router_encodes_a_mostly_cached_next_turn_on_the_event_loop() -> None:
+    # The thread hand-off costs more than a next turn whose parts are cached (and its GIL hold stalls the event loop):
+    # the router asks the simulator's tokenizer for its cached encoding first, as it does a segment cache.
+    local = PromptTokenizer(TokenizerSettings(model_dirs={"m": FACTORY}, http_fallback=False))
+    system = " ".join(["kalo mibe tuna"] * 400)  # longer than inline_max_new_chars (4,096)
+    turn1 = [{"role": "system", "content": system}, {"role": "user", "content": "first question " * 8}]
+    turn2 = [*turn1, {"role": "assistant", "content": " kalo mibe"}, {"role": "user", "content": "second one " * 8}]
+    tok = hf_tokenizer.load()
+    for messages, inline in ((turn1, 0), (turn2, 1)):
+        ids = await local.tokenize(model="m", endpoint=Endpoint.CHAT, fields={"messages": messages})
+        assert ids == sim_tokenizer.encode(tok.apply_chat_template(messages, tokenize=False))
+        assert local.inline_encodes == inline  # the first turn's system prompt is new: in a thread
+    await local.aclose()

@@ -307,7 +307,14 @@ def _encode_inline(loaded: _Loaded, endpoint: Endpoint, fields: Mapping[str, Any
     cache holds all but ``max_new_chars`` of the rendered text, and a tokenizer no other thread is using. Else None:
     tokenize in a thread. Raises what ``encode`` raises (an unsupported request, a template error)."""
     segments = loaded.segments
-    if segments is None or max_new_chars <= 0 or _prompt_chars(endpoint, fields) > INLINE_MAX_PROMPT_CHARS:
+    # A factory tokenizer with a cache of its own (the simulator's) may offer ``encode_cached(text, max_new_chars)``:
+    # the ids, or None when more than ``max_new_chars`` of the text is not cached.
+    own = getattr(loaded.tokenizer, "encode_cached", None) if segments is None else None
+    if (
+        (segments is None and own is None)
+        or max_new_chars <= 0
+        or _prompt_chars(endpoint, fields) > INLINE_MAX_PROMPT_CHARS
+    ):
         return None
     if not loaded.lock.acquire(blocking=False):  # a thread is tokenizing with it: never wait on the event loop
         return None
@@ -315,6 +322,9 @@ def _encode_inline(loaded: _Loaded, endpoint: Endpoint, fields: Mapping[str, Any
         text, add_special_tokens = _prompt_text(loaded.tokenizer, endpoint, fields)
         if add_special_tokens:
             return None
+        if segments is None:
+            ids = own(text, max_new_chars)
+            return None if ids is None else Tokens(ids)
         turn = turn_key(fields.get("messages")) if endpoint is Endpoint.CHAT else None
         return segments.encode_cached(text, max_new_chars, turn)
     finally:
