@@ -153,7 +153,7 @@ def test_block_hashes_are_computed_when_the_turn_is_remembered() -> None:
     history = [{"role": "user", "content": "the quick brown fox " * 20}, {"role": "assistant", "content": "paged"}]
     encoder.remember(render(tokenizer, history, False), (16, 4), turn_key(history))
     assert encoder.prefixes is not None
-    (prefix,) = encoder.prefixes._entries.values()
+    (prefix,) = encoder.prefixes._lru.entries.values()
     assert set(prefix._hashes) == {(16, ROOT), (4, ROOT)}
     assert prefix._hashes[(16, ROOT)] == chain_hashes(prefix.ids, 16)
 

@@ -35,14 +35,13 @@ from __future__ import annotations
 import itertools
 import logging
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from litellm_disagg.routing.kv.block_hash import ROOT
 from litellm_disagg.routing.kv.turn_prefix import Tokens, TurnPrefix, TurnPrefixes
+from litellm_disagg.sized_lru import SizedLRU
 
 logger = logging.getLogger(__name__)
 
@@ -78,14 +77,14 @@ class TokenCache:
             raise ValueError("max_tokens must be positive")
         self.max_tokens = max_tokens
         self.stats = CacheStats()
-        self._entries: OrderedDict[tuple[int, str], tuple[int, ...]] = OrderedDict()
-        self._tokens = 0
-        self._lock = threading.Lock()
+        self._lru: SizedLRU[tuple[int, str], tuple[int, ...]] = SizedLRU(max_tokens, len)
+        self._entries = self._lru.entries
+        self._lock = self._lru.lock
 
     @property
     def tokens(self) -> int:
         """Tokens cached now."""
-        return self._tokens
+        return self._lru.total
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -148,25 +147,11 @@ class TokenCache:
             return list(dict.fromkeys(text for text in texts if (owner, text) not in entries))
 
     def put(self, owner: int, text: str, ids: tuple[int, ...]) -> None:
-        if len(ids) > self.max_tokens:
-            return
-        key = (owner, text)
-        entries = self._entries
-        with self._lock:
-            old = entries.pop(key, None)
-            if old is not None:
-                self._tokens -= len(old)
-            entries[key] = ids
-            self._tokens += len(ids)
-            while self._tokens > self.max_tokens:
-                _, dropped = entries.popitem(last=False)
-                self._tokens -= len(dropped)
-                self.stats.evicted += 1
+        self._lru.put((owner, text), ids)
+        self.stats.evicted = self._lru.evicted
 
     def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._tokens = 0
+        self._lru.clear()
 
 
 _owners = itertools.count(1)

@@ -26,12 +26,11 @@ message's text. The match is then checked on the whole text (``startswith``), so
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from litellm_disagg.routing.kv.block_hash import BlockHash, chain_hashes
+from litellm_disagg.sized_lru import SizedLRU
 
 
 @dataclass(eq=False)
@@ -78,53 +77,39 @@ class TurnPrefixStats:
 
 
 class TurnPrefixes:
-    """Bounded LRU of ``TurnPrefix`` by tokenizer and turn; thread-safe (``remember``
-    runs in a worker thread, lookups on the event loop). ``max_tokens`` bounds the sum of the kept ids."""
+    """Bounded LRU of ``TurnPrefix`` by tokenizer and turn; thread-safe (``remember`` runs in a worker thread, lookups
+    on the event loop). ``max_tokens`` bounds the sum of the kept ids."""
 
     def __init__(self, max_tokens: int):
         if max_tokens < 1:
             raise ValueError("max_tokens must be positive")
         self.max_tokens = max_tokens
         self.stats = TurnPrefixStats()
-        self._entries: OrderedDict[tuple[int, Hashable], TurnPrefix] = OrderedDict()
-        self._tokens = 0
-        self._lock = threading.Lock()
+        self._lru: SizedLRU[tuple[int, Hashable], TurnPrefix] = SizedLRU(max_tokens, lambda p: len(p.ids))
 
     @property
     def tokens(self) -> int:
-        return self._tokens
+        return self._lru.total
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._lru)
 
     def put(self, prefix: TurnPrefix) -> None:
-        if len(prefix.ids) > self.max_tokens:
-            return
-        key = prefix.key
-        with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._tokens -= len(old.ids)
-            self._entries[key] = prefix
-            self._tokens += len(prefix.ids)
+        if self._lru.put(prefix.key, prefix):
             self.stats.stored += 1
-            while self._tokens > self.max_tokens:
-                _, dropped = self._entries.popitem(last=False)
-                self._tokens -= len(dropped.ids)
-                self.stats.evicted += 1
+            self.stats.evicted = self._lru.evicted
 
     def find(self, owner: int, turn: Hashable, text: str) -> TurnPrefix | None:
         """The turn ``turn`` remembered by ``owner``, if ``text`` starts with its text; else None."""
         key = (owner, turn)
-        with self._lock:
-            prefix = self._entries.get(key)
+        lru = self._lru
+        with lru.lock:
+            prefix = lru.entries.get(key)
             if prefix is None or not text.startswith(prefix.text):
                 return None
-            self._entries.move_to_end(key)
+            lru.entries.move_to_end(key)
             self.stats.hits += 1
             return prefix
 
     def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self._tokens = 0
+        self._lru.clear()
