@@ -17,15 +17,14 @@ have). Without it, a 4,000-word prompt costs the proxy 3-6 ms of pure-Python enc
 
 from __future__ import annotations
 
-import threading
 from array import array
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from litellm_disagg.sim import tokenizer
 from litellm_disagg.sim.chat_template import render_chat
 from litellm_disagg.sim.protocol import ChatMessage
+from litellm_disagg.sized_lru import SizedLRU
 
 DEFAULT_MAX_CACHED_TOKENS = 1_000_000
 """About 2 MB of ids (two bytes a token)."""
@@ -41,47 +40,35 @@ class PartCache:
     parts' lengths (a part longer than that is not cached). Thread-safe."""
 
     def __init__(self, max_tokens: int = DEFAULT_MAX_CACHED_TOKENS):
-        if max_tokens < 1:
-            raise ValueError("max_tokens must be positive")
         self.max_tokens = max_tokens
         self.hits = 0
         self.misses = 0
-        self._entries: OrderedDict[str, array[int]] = OrderedDict()
-        self._tokens = 0
-        self._lock = threading.Lock()
+        self._lru: SizedLRU[str, array[int]] = SizedLRU(max_tokens, len)
 
     @property
     def tokens(self) -> int:
-        return self._tokens
+        return self._lru.total
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self._lru)
 
     def missing_chars(self, parts: Sequence[str]) -> int:
         """Characters of ``parts`` (plain parts) that ``ids`` would encode now: the uncached ones (a peek)."""
-        with self._lock:
-            return sum(len(p) for p in parts if len(p) < MIN_CACHED_CHARS or p not in self._entries)
+        entries = self._lru.entries
+        with self._lru.lock:
+            return sum(len(p) for p in parts if len(p) < MIN_CACHED_CHARS or p not in entries)
 
     def ids(self, part: str) -> array[int] | list[int]:
         """``tokenizer.encode_plain(part)``, from the cache when it holds ``part``."""
         if len(part) < MIN_CACHED_CHARS:
             return tokenizer.encode_plain(part)
-        with self._lock:
-            found = self._entries.get(part)
-            if found is not None:
-                self._entries.move_to_end(part)
-                self.hits += 1
-                return found
-            self.misses += 1
+        found = self._lru.get(part)
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
         ids = array("H", tokenizer.encode_plain(part))
-        if len(ids) <= self.max_tokens:
-            with self._lock:
-                if part not in self._entries:
-                    self._entries[part] = ids
-                    self._tokens += len(ids)
-                    while self._tokens > self.max_tokens:
-                        _, dropped = self._entries.popitem(last=False)
-                        self._tokens -= len(dropped)
+        self._lru.put(part, ids)  # another thread may have put the same ids meanwhile: replaced, same value
         return ids
 
 
