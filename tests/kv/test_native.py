@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -48,18 +49,32 @@ def _random_ops(seed: int, n_workers: int) -> list[tuple[str, str, list[int]]]:
     """Stores (chained prefixes, shared and private), removals, routed predictions and clears over ``n_workers``."""
     rng = random.Random(seed)
     docs = [chain_hashes_py([rng.randrange(1000) for _ in range(16 * 40)], 16) for _ in range(6)]
+    return _ops(rng, docs, n_workers, 600, [40, 25, 15, 2, 18], lambda: rng.getrandbits(63), 30, 12)
+
+
+def _ops(
+    rng: random.Random,
+    docs: list[list[int]],
+    n_workers: int,
+    n: int,
+    weights: list[int],
+    private_hash: Callable[[], int],
+    private_max: int,
+    removed_max: int,
+) -> list[tuple[str, str, list[int]]]:
+    """``n`` random operations over ``docs`` (weights of stored, removed, routed, cleared, private stores)."""
     ops: list[tuple[str, str, list[int]]] = []
-    for _ in range(600):
+    for _ in range(n):
         wid = f"w{rng.randrange(n_workers)}"
         doc = rng.choice(docs)
-        kind = rng.choices(["stored", "removed", "routed", "cleared", "private"], [40, 25, 15, 2, 18])[0]
+        kind = rng.choices(["stored", "removed", "routed", "cleared", "private"], weights)[0]
         if kind == "stored":
             ops.append(("stored", wid, doc[: rng.randrange(1, len(doc))]))
         elif kind == "private":
-            ops.append(("stored", wid, [rng.getrandbits(63) for _ in range(rng.randrange(1, 30))]))
+            ops.append(("stored", wid, [private_hash() for _ in range(rng.randrange(1, private_max))]))
         elif kind == "removed":
             start = rng.randrange(len(doc))
-            ops.append(("removed", wid, doc[start : start + rng.randrange(1, 12)]))
+            ops.append(("removed", wid, doc[start : start + rng.randrange(1, removed_max)]))
         elif kind == "routed":
             ops.append(("routed", wid, doc[: rng.randrange(1, len(doc))]))
         else:
@@ -175,23 +190,8 @@ def test_prefix_index_is_the_same_compiled_or_not_at_scale(monkeypatch: pytest.M
     """Longer random streams over 60 workers with evictions past capacity (the trim), removals and clears: the C
     table grows and shrinks many times; the compiled index keeps answering as the dict one."""
     rng = random.Random(11)
-    ops: list[tuple[str, str, list[int]]] = []
     docs = [chain_hashes_py([rng.randrange(1000) for _ in range(16 * 200)], 16) for _ in range(30)]
-    for _ in range(3000):
-        wid = f"w{rng.randrange(60)}"
-        doc = rng.choice(docs)
-        kind = rng.choices(["stored", "removed", "routed", "cleared", "private"], [45, 30, 10, 1, 14])[0]
-        if kind == "stored":
-            ops.append(("stored", wid, doc[: rng.randrange(1, len(doc))]))
-        elif kind == "private":
-            ops.append(("stored", wid, [rng.getrandbits(64) - 2**63 for _ in range(rng.randrange(1, 100))]))
-        elif kind == "removed":
-            start = rng.randrange(len(doc))
-            ops.append(("removed", wid, doc[start : start + rng.randrange(1, 150)]))
-        elif kind == "routed":
-            ops.append(("routed", wid, doc[: rng.randrange(1, len(doc))]))
-        else:
-            ops.append(("cleared", wid, []))
+    ops = _ops(rng, docs, 60, 3000, [45, 30, 10, 1, 14], lambda: rng.getrandbits(64) - 2**63, 100, 150)
     queries = [doc[: rng.randrange(1, len(doc))] for doc in docs] + [[rng.getrandbits(63)]]
     compiled = _run(ops, 60, queries)
     with monkeypatch.context() as m:
