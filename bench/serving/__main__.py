@@ -60,15 +60,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default="bench/results")
     p.add_argument("--profile-proxy", action="store_true",
                    help="sample each arm's proxy with py-spy while the load runs (raw stacks in the run directory)")
-    sim = p.add_argument_group("simulated workers")
-    sim.add_argument("--speedup", type=float, default=1.0)
-    sim.add_argument("--blocks", type=int, default=4096, help="KV blocks per worker")
-    sim.add_argument("--block-size", type=int, default=16)
-    real = p.add_argument_group("real vLLM workers")
-    real.add_argument("--model-dir", help="model directory (default: SmolLM2-135M-Instruct, prepared offline)")
-    real.add_argument("--served-model-name", default="smollm2")
-    real.add_argument("--kv-cache-mib", type=int, default=1024)
-    real.add_argument("--max-model-len", type=int, default=4096)
+    cli.add_worker_arguments(p, kv_cache_mib=1024)
     args = p.parse_args()
     for name, value in DEFAULTS[args.backend].items():
         if getattr(args, name, None) is None:

@@ -1,5 +1,5 @@
-"""What the serving benchmarks' commands (``__main__``, ``replicas``, ``pd``) share once their arguments are parsed:
-the run directory for logs and configs, and the workload shape."""
+"""What the serving benchmarks' commands (``__main__``, ``replicas``, ``pd``) share: the workers' arguments, and once
+the arguments are parsed, the run directory for logs and configs and the workload shape."""
 
 from __future__ import annotations
 
@@ -8,6 +8,19 @@ import tempfile
 from pathlib import Path
 
 from bench.serving.workloads import Shape
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser, *, kv_cache_mib: int) -> None:
+    """The simulated and the real vLLM workers' options (``kv_cache_mib``: the real workers' default KV cache)."""
+    sim = parser.add_argument_group("simulated workers")
+    sim.add_argument("--speedup", type=float, default=1.0)
+    sim.add_argument("--blocks", type=int, default=4096, help="KV blocks per worker")
+    sim.add_argument("--block-size", type=int, default=16)
+    real = parser.add_argument_group("real vLLM workers")
+    real.add_argument("--model-dir", help="model directory (default: SmolLM2-135M-Instruct, prepared offline)")
+    real.add_argument("--served-model-name", default="smollm2")
+    real.add_argument("--kv-cache-mib", type=int, default=kv_cache_mib)
+    real.add_argument("--max-model-len", type=int, default=4096)
 
 
 def new_run_dir(prefix: str) -> Path:

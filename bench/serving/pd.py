@@ -443,15 +443,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results")
-    sim = p.add_argument_group("simulated workers")
-    sim.add_argument("--speedup", type=float, default=1.0)
-    sim.add_argument("--blocks", type=int, default=4096)
-    sim.add_argument("--block-size", type=int, default=16)
-    real = p.add_argument_group("real vLLM workers")
-    real.add_argument("--model-dir", help="model directory (default: SmolLM2-135M-Instruct, prepared offline)")
-    real.add_argument("--served-model-name", default="smollm2")
-    real.add_argument("--kv-cache-mib", type=int, default=768)
-    real.add_argument("--max-model-len", type=int, default=4096)
+    cli.add_worker_arguments(p, kv_cache_mib=768)
     args = p.parse_args(argv)
     for name, value in DEFAULTS[args.backend].items():
         if getattr(args, name) is None:
