@@ -105,3 +105,53 @@ async def test_an_engine_that_could_not_bind_its_side_channel_port_is_stopped_at
     assert "could not bind port 53699" in log.getvalue()
     assert await reader.snapshot() == []
     assert wrapper._proc.returncode is not None  # the hung engine was stopped
+
+
+def _hangs_on_first_start(marker) -> list[str]:
+    """An engine whose first start logs uvicorn's start line, then holds its port and answers nothing; later starts
+    are the fake engine."""
+    script = (
+        "import os, socket, sys, time\n"
+        f"marker = {str(marker)!r}\n"
+        "port = int(sys.argv[1])\n"
+        "if not os.path.exists(marker):\n"
+        "    open(marker, 'w').close()\n"
+        "    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "    s.bind(('127.0.0.1', port)); s.listen(64)\n"
+        "    print('INFO:     Application startup complete.', flush=True)\n"
+        "    time.sleep(600)\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'tests.support.fake_worker', '--port', str(port)])\n"
+    )
+    return [sys.executable, "-c", script, "{port}"]
+
+
+async def test_an_engine_that_hangs_after_its_server_started_is_started_again(tmp_path):
+    # Seen in CI on 2 shared cores: vLLM logged "Application startup complete", then answered nothing, not even
+    # /health, until the ready timeout. The wrapper takes it for hung and starts it again.
+    marker = tmp_path / "started-once"
+    wrapper, reader, log = make(tmp_path / "registry", _hangs_on_first_start(marker), unresponsive_restart_s=1.0)
+    run = asyncio.create_task(wrapper.run())
+
+    async def ready():
+        return bool(await reader.snapshot())
+
+    await wait_for(ready, timeout=60)  # without the restart: never (the ready timeout, 30 s, ends the run non-zero)
+    assert marker.exists()
+    assert "hung after its server started" in log.getvalue()
+    [config] = await reader.snapshot()
+    assert config.state is WorkerState.READY
+    wrapper.request_stop()
+    assert await asyncio.wait_for(run, 30) == 0
+
+
+async def test_an_engine_that_hangs_on_every_start_gives_up_after_its_attempts(tmp_path):
+    hang = [sys.executable, "-c", "import socket, sys, time; s = socket.socket(); s.bind(('127.0.0.1', "
+            "int(sys.argv[1]))); s.listen(64); print('Application startup complete.', flush=True); time.sleep(600)",
+            "{port}"]
+    wrapper, reader, log = make(tmp_path, hang, unresponsive_restart_s=1.0, start_attempts=2)
+    code = await asyncio.wait_for(wrapper.run(), 120)
+    assert code != 0
+    assert log.getvalue().count("hung after its server started") == 1  # one restart, then it gives up
+    assert "did not answer /health for 1 s, in each of 2 starts" in log.getvalue()
+    assert await reader.snapshot() == []
+    assert wrapper._proc.returncode is not None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import enum
 import functools
 import logging
 import os
@@ -31,7 +32,7 @@ import httpx
 
 from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.engines.base import Engine, EngineLaunch, LaunchSpec
-from litellm_disagg.ports import free_port  # re-exported: older imports take it from here
+from litellm_disagg.ports import free_port  # noqa: F401 - re-exported: older imports take it from here
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
 from litellm_disagg.workers import engine_probe
 from litellm_disagg.workers.bind_failure import BindFailure
@@ -57,9 +58,31 @@ class LifecycleOptions:
     launched ``both`` and published in the role the operator chose."""
     allowed_roles: tuple[WorkerRole, ...] = ()
     """Roles the launch can serve, published so planners and ``litellm-disagg role`` may move the worker."""
+    unresponsive_restart_s: float = 180.0
+    """After the engine's HTTP server says it is up (``SERVING_LINE``), how long ``/health`` may go unanswered before
+    the engine is taken for hung, stopped and started again. Seen on 2 shared cores: a vLLM that logged its start
+    and then answered nothing, not even ``/health``, until the ready timeout."""
+    start_attempts: int = 2
+    """Engine starts per run when a start hangs that way (each with its own ``ready_timeout_s``)."""
 
     def drain_policy(self) -> DrainPolicy:
         return DrainPolicy(timeout_s=self.drain_timeout_s, settle_s=self.drain_settle_s)
+
+
+SERVING_LINE = "Application startup complete"
+"""uvicorn's line once the server serves (vLLM, SGLang and TRT-LLM's servers all run on uvicorn). Before it, a
+``/health`` that times out is normal: vLLM binds its port early, then loads the model for minutes."""
+
+
+class _Start(enum.Enum):
+    """How waiting for the engine to become ready ended."""
+
+    READY = "ready"
+    EXITED = "exited"
+    BIND_FAILED = "bind failed"
+    HUNG = "hung"
+    TIMED_OUT = "timed out"
+    STOPPED = "stopped"
 
 
 def _die_with_parent() -> None:
@@ -101,6 +124,9 @@ class WorkerWrapper:
         self._tail: collections.deque[str] = collections.deque(maxlen=lifecycle.log_tail_lines)
         self._stop = asyncio.Event()
         self._proc: asyncio.subprocess.Process | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._serving_since: float | None = None
+        """When the engine's log said its HTTP server is up (``SERVING_LINE``), for the current start."""
         self.config: RuntimeConfig | None = None
         self.registration: WorkerLifecycle | None = None
         """The worker in discovery, from the moment it is published READY."""
@@ -116,11 +142,24 @@ class WorkerWrapper:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.request_stop)
-        argv = self.command or list(self.launch.argv)
         for path, text in self.launch.files.items():
             await asyncio.to_thread(Path(path).write_text, text)
+        try:
+            await self._spawn()
+            async with httpx.AsyncClient() as client:
+                return await self._serve(client)
+        finally:
+            if self.registration is not None:
+                await self.registration.leave()  # already done on the normal ways out; here for the others
+            await self._stop_vllm()
+            await self._end_pump()
+            await self.registry.close()
+
+    async def _spawn(self) -> None:
+        argv = self.command or list(self.launch.argv)
         logger.info("starting %s (launched %s, published %s): %s", self.engine.name, self.spec.role.value,
                     (self.lifecycle.role or self.spec.role).value, " ".join(argv))
+        self._serving_since = None
         self._proc = await asyncio.create_subprocess_exec(
             *argv,
             env=dict(self.launch.env),
@@ -129,27 +168,33 @@ class WorkerWrapper:
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
-        pump = asyncio.create_task(self._pump_logs())
-        try:
-            async with httpx.AsyncClient() as client:
-                return await self._serve(client)
-        finally:
-            if self.registration is not None:
-                await self.registration.leave()  # already done on the normal ways out; here for the others
-            await self._stop_vllm()
-            pump.cancel()
+        self._pump = asyncio.create_task(self._pump_logs(self._proc))
+
+    async def _end_pump(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await pump
-            await self.registry.close()
+                await self._pump
+            self._pump = None
 
     async def _serve(self, client: httpx.AsyncClient) -> int:
-        if not await self._wait_ready(client):
-            if self.bind_failure is not None:
-                port = f"port {self.bind_failure.port}" if self.bind_failure.port is not None else "a port"
-                return self._died(f"vLLM could not bind {port} while starting ({self.bind_failure.line}); it would "
-                                  "never become ready. Another process took the port: choose another (--port, "
-                                  "--nixl-port, --kv-events-port)")
-            return self._died("vLLM exited before it became ready") if self._exited() else (0 if self._stop.is_set() else self._died("vLLM did not become ready in time"))
+        start = await self._wait_ready(client)
+        if start is _Start.STOPPED:
+            return 0
+        if start is _Start.BIND_FAILED:
+            assert self.bind_failure is not None
+            port = f"port {self.bind_failure.port}" if self.bind_failure.port is not None else "a port"
+            return self._died(f"vLLM could not bind {port} while starting ({self.bind_failure.line}); it would "
+                              "never become ready. Another process took the port: choose another (--port, "
+                              "--nixl-port, --kv-events-port)")
+        if start is _Start.EXITED:
+            return self._died("vLLM exited before it became ready")
+        if start is _Start.HUNG:
+            return self._died(f"vLLM said its server started, then did not answer /health for "
+                              f"{self.lifecycle.unresponsive_restart_s:g} s, in each of "
+                              f"{self.lifecycle.start_attempts} starts")
+        if start is _Start.TIMED_OUT:
+            return self._died("vLLM did not become ready in time")
         facts = await engine_probe.engine_facts(client, self.server_url, self.engine.adapter.metrics)
         self.config = RuntimeConfig(
             worker_id=self.lifecycle.worker_id,
@@ -208,15 +253,38 @@ class WorkerWrapper:
             return None
         return EngineActivity(idle=load.idle, finished=load.finished)
 
-    async def _wait_ready(self, client: httpx.AsyncClient) -> bool:
+    async def _wait_ready(self, client: httpx.AsyncClient) -> _Start:
+        """Wait for ``/health``; an engine that hangs after its server started is stopped and started again."""
+        for attempt in range(1, max(1, self.lifecycle.start_attempts) + 1):
+            start = await self._wait_ready_once(client)
+            if start is not _Start.HUNG or attempt >= self.lifecycle.start_attempts:
+                return start
+            logger.warning("%s said its server started %g s ago and has answered no /health since; stopping it "
+                           "and starting it again (start %d of %d)", self.engine.name,
+                           self.lifecycle.unresponsive_restart_s, attempt + 1, self.lifecycle.start_attempts)
+            print(f"litellm-disagg worker: {self.engine.name} hung after its server started (no answer to /health "
+                  f"for {self.lifecycle.unresponsive_restart_s:g} s); starting it again", file=self.log, flush=True)
+            await self._stop_vllm()
+            await self._end_pump()
+            await self._spawn()
+        return _Start.HUNG  # not reached: the loop returns on its last attempt
+
+    async def _wait_ready_once(self, client: httpx.AsyncClient) -> _Start:
         deadline = time.monotonic() + self.lifecycle.ready_timeout_s
-        while time.monotonic() < deadline and not self._stop.is_set():
-            if self._exited() or self.bind_failure is not None:
-                return False
+        while time.monotonic() < deadline:
+            if self._stop.is_set():
+                return _Start.STOPPED
+            if self.bind_failure is not None:
+                return _Start.BIND_FAILED
+            if self._exited():
+                return _Start.EXITED
             if await engine_probe.healthy(client, self.server_url):
-                return True
+                return _Start.READY
+            serving_since = self._serving_since
+            if serving_since is not None and time.monotonic() - serving_since > self.lifecycle.unresponsive_restart_s:
+                return _Start.HUNG
             await asyncio.sleep(0.5)
-        return False
+        return _Start.STOPPED if self._stop.is_set() else _Start.TIMED_OUT
 
     def _exited(self) -> bool:
         return self._proc is not None and self._proc.returncode is not None
@@ -229,18 +297,21 @@ class WorkerWrapper:
         self.log.flush()
         return code if isinstance(code, int) and code > 0 else 1
 
-    async def _pump_logs(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
+    async def _pump_logs(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stdout is not None
         while True:
-            raw = await self._proc.stdout.readline()
+            raw = await proc.stdout.readline()
             if not raw:
                 break
             line = raw.decode(errors="replace").rstrip()
             self._tail.append(line)
             print(line, file=self.log, flush=True)
-            if self.config is None and self.bind_failure is None:
-                self.bind_failure = parse_bind_failure(line)
-        await self._proc.wait()
+            if self.config is None:
+                if self.bind_failure is None:
+                    self.bind_failure = parse_bind_failure(line)
+                if self._serving_since is None and SERVING_LINE in line:
+                    self._serving_since = time.monotonic()
+        await proc.wait()
 
     async def _stop_vllm(self) -> None:
         proc = self._proc
