@@ -1,10 +1,13 @@
 """The proxy config ``litellm-disagg up`` runs: the user's (or the shipped) config, completed for the local stack.
 
-``up`` knows what a config file cannot: the directory of the model it serves. With KV-aware routing on (the shipped
-``proxy_config.yaml``), the router must tokenize prompts exactly as the workers do, so ``up`` adds
-``kv_routing.tokenizer.model_dirs[served name] = model directory`` (unless the config already names one for that
-model) and writes the result next to the run's logs. Nothing else changes; a config with KV routing off is written
-back as it is (``up`` always runs the file it printed in its log directory).
+``up`` knows what a config file cannot: the directory of the model it serves, and that its prefill and decode
+workers run on this one machine. With KV-aware routing on (the shipped ``proxy_config.yaml``), the router must
+tokenize prompts exactly as the workers do, so ``up`` adds ``kv_routing.tokenizer.model_dirs[served name] = model
+directory`` (unless the config already names one for that model); and since its engines share this machine's cores
+(or GPU), it sets ``kv_routing.disaggregation.shared_compute: true`` (unless the config sets it either way), so the
+remote-or-local decision does not price a remote prefill as free compute (``routing/kv/disagg_decision.py``). It
+writes the result next to the run's logs. Nothing else changes; a config with KV routing off is written back as it is
+(``up`` always runs the file it printed in its log directory).
 """
 
 from __future__ import annotations
@@ -18,19 +21,24 @@ from litellm_disagg.settings import DisaggSettings
 
 
 def complete_for_stack(config: dict[str, Any], *, served_model: str, model_dir: str) -> dict[str, Any]:
-    """A copy of ``config`` whose KV router (when on) tokenizes ``served_model`` from ``model_dir``.
+    """A copy of ``config`` whose KV router (when on) tokenizes ``served_model`` from ``model_dir`` and knows that the
+    workers share this machine's compute (``disaggregation.shared_compute``, unless the config sets it).
 
     Raises ``ValueError`` (pydantic's) when the ``litellm_disagg`` section is invalid, so ``up`` fails before it
     starts anything rather than the proxy failing later."""
     settings = DisaggSettings.from_proxy_config(config)
     out = dict(config)
-    if not settings.kv_routing.enabled or served_model in settings.kv_routing.tokenizer.model_dirs:
+    if not settings.kv_routing.enabled:
         return out
     section = dict(out.get("litellm_disagg") or {})
     kv = dict(section.get("kv_routing") or {})
-    tokenizer = dict(kv.get("tokenizer") or {})
-    tokenizer["model_dirs"] = {**(tokenizer.get("model_dirs") or {}), served_model: model_dir}
-    kv["tokenizer"] = tokenizer
+    disaggregation = dict(kv.get("disaggregation") or {})
+    if "shared_compute" not in disaggregation:
+        kv["disaggregation"] = {**disaggregation, "shared_compute": True}
+    if served_model not in settings.kv_routing.tokenizer.model_dirs:
+        tokenizer = dict(kv.get("tokenizer") or {})
+        tokenizer["model_dirs"] = {**(tokenizer.get("model_dirs") or {}), served_model: model_dir}
+        kv["tokenizer"] = tokenizer
     section["kv_routing"] = kv
     out["litellm_disagg"] = section
     DisaggSettings.from_proxy_config(out)  # still valid

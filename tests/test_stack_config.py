@@ -31,12 +31,24 @@ def test_up_gives_the_router_the_served_models_directory(tmp_path):
     assert written["general_settings"]["master_key"] == "os.environ/LITELLM_MASTER_KEY"
 
 
-def test_a_config_with_kv_routing_off_or_its_own_tokenizer_is_unchanged():
+def test_a_config_with_kv_routing_off_is_unchanged_and_its_own_tokenizer_and_compute_setting_are_kept():
     off = {"litellm_disagg": {"kv_routing": {"enabled": False}}}
     assert complete_for_stack(off, served_model="m", model_dir="/d") == off
     assert complete_for_stack({}, served_model="m", model_dir="/d") == {}
-    own = {"litellm_disagg": {"kv_routing": {"enabled": True, "tokenizer": {"model_dirs": {"m": "/mine"}}}}}
+    own = {"litellm_disagg": {"kv_routing": {"enabled": True, "tokenizer": {"model_dirs": {"m": "/mine"}},
+                                             "disaggregation": {"shared_compute": False}}}}
     assert complete_for_stack(own, served_model="m", model_dir="/d") == own
+
+
+def test_up_tells_the_router_its_workers_share_this_machines_compute(tmp_path):
+    """``up`` runs every engine on one machine: a remote prefill is not free compute (disagg_decision.py)."""
+    path, _ = write_stack_config(ROOT / "proxy_config.yaml", tmp_path, served_model="smol", model_dir="/models/smol")
+    disaggregation = DisaggSettings.from_proxy_config(yaml.safe_load(path.read_text())).kv_routing.disaggregation
+    assert disaggregation.shared_compute is True and disaggregation.mode == "auto"
+    own_tokenizer = {"litellm_disagg": {"kv_routing": {"enabled": True, "tokenizer": {"model_dirs": {"m": "/mine"}}}}}
+    completed = complete_for_stack(own_tokenizer, served_model="m", model_dir="/d")
+    kv = DisaggSettings.from_proxy_config(completed).kv_routing
+    assert kv.disaggregation.shared_compute is True and kv.tokenizer.model_dirs == {"m": "/mine"}
 
 
 def test_an_invalid_section_fails_before_anything_starts():

@@ -165,3 +165,52 @@ def test_fresh_observations_keep_an_estimate_and_no_ttl_keeps_it_for_good() -> N
     forever.observe_transfer(1500, 3.0)
     clock.now += 10_000
     assert forever.estimates().transfer_observations == 1
+
+
+# -- shared compute (engines on one machine's cores or GPU, as ``litellm-disagg up`` runs them) --------------------------
+
+# The situation measured on 1P+2D vLLM CPU workers: the decode worker holds the document and lacks ~150 tokens (question
+# and partial last block), one request running there. Separate hardware: remote; shared compute: local.
+_HELD_ON_DECODE = DisaggInputs(prompt_tokens=790, decode_cached_tokens=640, prefill_cached_tokens=640, decode_running=1)
+
+
+@pytest.mark.parametrize(
+    ("inputs", "separate", "shared"),
+    [
+        (_HELD_ON_DECODE, True, False),
+        # a long cold prompt: separate hardware sends it away; sharing the cores, remote saves nothing and pays the hop
+        (DisaggInputs(prompt_tokens=8000), True, False),
+        (DisaggInputs(prompt_tokens=8000, decode_running=8), True, False),
+        # the prefill worker holds the prompt, the decode worker does not: remote computes less, so it still wins
+        (DisaggInputs(prompt_tokens=8000, prefill_cached_tokens=7984), True, True),
+        # the decode worker's own backlog of local prefills is long: remote
+        (DisaggInputs(prompt_tokens=2000, decode_queued_tokens=100_000), True, True),
+    ],
+)
+def test_shared_compute_charges_the_stall_to_both_options(inputs: DisaggInputs, separate: bool, shared: bool) -> None:
+    assert decider().decide(inputs).remote is separate
+    decision = decider(shared_compute=True).decide(inputs)
+    assert decision.remote is shared, decision.reason
+    assert decision.reason.endswith(", shared compute")
+
+
+def test_shared_compute_prices_remote_with_the_same_stall_as_local() -> None:
+    """Same tokens to compute on either side: remote costs exactly local plus the hop (overhead and transfer)."""
+    d = decider(
+        shared_compute=True,
+        prior_prefill_tokens_per_s=400.0,
+        prior_prefill_overhead_s=0.02,
+        prior_transfer_tokens_per_s=200_000.0,
+        prior_transfer_overhead_s=0.005,
+    )
+    remote, local = d.costs(_HELD_ON_DECODE)
+    assert local == pytest.approx(150 / 400 * (1 + 1.0 * 2))
+    assert remote == pytest.approx(local + 0.02 + 0.005 + 150 / 200_000)
+    separate_remote, separate_local = decider(
+        prior_prefill_tokens_per_s=400.0,
+        prior_prefill_overhead_s=0.02,
+        prior_transfer_tokens_per_s=200_000.0,
+        prior_transfer_overhead_s=0.005,
+    ).costs(_HELD_ON_DECODE)
+    assert separate_local == pytest.approx(local)
+    assert separate_remote == pytest.approx(0.02 + 150 / 400 + 0.005 + 150 / 200_000)

@@ -7,6 +7,7 @@ The cost model, in seconds (``rate``, ``overhead`` and the transfer line are fit
     remote = queued prefill tokens on the prefill worker / rate          (wait for its backlog)
            + overhead + tokens the prefill worker lacks / rate          (compute)
            + transfer(tokens the decode worker lacks)                   (the decode worker pulls only what it lacks)
+           [+ decode_time_weight * (1 + requests running there) * (tokens the prefill worker lacks / rate)]
     local  = queued local prefill tokens / local rate + tokens the decode worker lacks / local rate
            + decode_time_weight * (1 + requests running there) * (tokens it lacks / local rate)
 
@@ -15,6 +16,14 @@ stall, and the time is taken from the decode pool. Remote wins when ``remote < l
 the crossover follows from the measured overhead, transfer cost and backlog (with the default priors, an idle
 cluster sends prompts above about 260 uncached tokens to a prefill worker; a saturated prefill pool or a prompt the
 decode worker already holds stays local).
+
+Shared compute (``shared_compute``; ``litellm-disagg up`` sets it): when the prefill and decode workers are engines on
+one machine's cores or one GPU, a remote prefill takes the decode workers' compute just as a local one does, so the
+bracketed line charges it the same stall, for the tokens the prefill worker computes. Remote then wins only by what
+it saves (the prefill worker holds more of the prompt, or the decode worker has a longer backlog), never by prompt
+length alone: it still pays the overhead and the transfer. Measured on 3 vLLM engines sharing 2 CPU cores
+(docs/benchmarks.md, "P/D on real vLLM CPU workers"): without it, ~150 lacking tokens priced ~0.75 s local against
+~0.4 s remote sent most requests to the one prefill worker.
 
 Online estimates: ``seconds = overhead + tokens / rate``, fitted by least squares with exponential forgetting
 (``halflife_observations``), separately for prefill (tokens: prompt tokens computed plus tokens queued ahead when it
@@ -246,12 +255,15 @@ class DisaggDecider:
                 remote, f"override: {lacking_local} uncached tokens {verdict} {s.min_remote_prefill_tokens}"
             )
         remote_cost, local_cost = self.costs(inputs)
+        shared = ", shared compute" if s.shared_compute else ""
         if remote_cost < local_cost:
             return DisaggDecision(
-                True, f"remote {remote_cost * 1e3:.1f} ms < local {local_cost * 1e3:.1f} ms", remote_cost, local_cost
+                True, f"remote {remote_cost * 1e3:.1f} ms < local {local_cost * 1e3:.1f} ms{shared}", remote_cost,
+                local_cost,
             )
         return DisaggDecision(
-            False, f"local {local_cost * 1e3:.1f} ms <= remote {remote_cost * 1e3:.1f} ms", remote_cost, local_cost
+            False, f"local {local_cost * 1e3:.1f} ms <= remote {remote_cost * 1e3:.1f} ms{shared}", remote_cost,
+            local_cost,
         )
 
     def costs(self, inputs: DisaggInputs) -> tuple[float, float]:
@@ -266,11 +278,10 @@ class DisaggDecider:
             + prefill.seconds(lacking_remote)
             + (transfer.seconds(lacking_local) if lacking_local > 0 else 0.0)
         )
+        stall_per_second = self.settings.decode_time_weight * (1.0 + max(0.0, inputs.decode_running))
+        if self.settings.shared_compute:  # the prefill worker computes on the decode workers' cores / GPU
+            remote += stall_per_second * lacking_remote / prefill.tokens_per_s
         local_rate = prefill.tokens_per_s * self.settings.local_prefill_speed
         local_compute = lacking_local / local_rate
-        local = (
-            inputs.decode_queued_tokens / local_rate
-            + local_compute
-            + self.settings.decode_time_weight * (1.0 + max(0.0, inputs.decode_running)) * local_compute
-        )
+        local = inputs.decode_queued_tokens / local_rate + local_compute + stall_per_second * local_compute
         return remote, local

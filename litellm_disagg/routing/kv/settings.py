@@ -117,6 +117,12 @@ class DisaggDecisionSettings(_Strict):
     delays (the request's decode slot counts as one, plus each running request): time taken from decoding."""
     local_prefill_speed: Positive = 1.0
     """The decode worker's prefill speed relative to a prefill worker's (1: same hardware and model)."""
+    shared_compute: bool = False
+    """The prefill and decode workers share one machine's compute (several engines on one CPU host, or on one GPU),
+    as ``litellm-disagg up`` runs them (``up`` sets this to true unless the config says otherwise). A remote prefill
+    then takes the decode workers' compute as a local one does, so the ``decode_time_weight`` charge is added to both
+    options: remote wins only where the prefill worker holds more of the prompt (less to compute) or the decode
+    worker's own backlog is longer, not merely because a prompt is long. False: each worker has compute of its own."""
 
 
 class KVRoutingSettings(_Strict):
