@@ -97,3 +97,32 @@ def test_connect_pairs_moves_kv_once_between_every_prefill_and_decode_worker(tmp
     served = {w: after[w]["requests_finished"] - before[w]["requests_finished"] for w in after}
     assert served[pools.prefill[0].worker_id] == 2  # one prefill per decode worker
     assert all(served[d.worker_id] == 1 for d in pools.decode)
+
+
+def test_runs_rotate_the_arm_order_so_no_arm_always_runs_first():
+    arms = ["a", "b", "c"]
+    orders = [pd.run_order(arms, run) for run in (1, 2, 3, 4)]
+    assert orders == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"], ["a", "b", "c"]]
+    assert {o[0] for o in orders[:3]} == set(arms)
+
+
+def test_kv_arms_set_shared_compute_and_serve_metrics_when_asked(tmp_path):
+    pools = pd.Pools(tmp_path, [], [], [])
+    settings = DisaggSettings.from_proxy_config(pd.proxy_config("pd_kv_precise", pools, shared_compute=True,
+                                                                metrics_port=9123))
+    assert settings.kv_routing.disaggregation.shared_compute is True and settings.metrics.port == 9123
+    assert pd.parse_args(["--backend", "vllm"]).shared_compute == "on"
+    assert pd.parse_args([]).shared_compute == "off"
+
+
+def test_decision_summary_is_one_arms_means_from_two_scrapes():
+    before = {"prefill_cost_estimate_seconds:remote:sum": 1.0, "prefill_cost_estimate_seconds:remote:count": 2,
+              "time_to_first_token_seconds:disaggregated:sum": 3.0, "time_to_first_token_seconds:disaggregated:count": 2,
+              "local:cost_model": 1}
+    after = {"prefill_cost_estimate_seconds:remote:sum": 4.0, "prefill_cost_estimate_seconds:remote:count": 8,
+             "time_to_first_token_seconds:disaggregated:sum": 9.0, "time_to_first_token_seconds:disaggregated:count": 5,
+             "local:cost_model": 4, "fit:tokens_per_second:prefill": 400.0}
+    assert pd.decision_summary(before, after) == {
+        "predicted_remote_n": 6, "predicted_remote_mean_s": 0.5, "ttft_disaggregated_n": 3,
+        "ttft_disaggregated_mean_s": 2.0, "local:cost_model": 3, "fit:tokens_per_second:prefill": 400.0,
+    }

@@ -7,7 +7,11 @@ Simulated workers (``litellm_disagg.sim``, KV events on) in two pools, or real v
 ``litellm-disagg worker --role prefill|decode``, SmolLM2-135M, NixlConnector, KV events on; 1 prefill + 2 decode by
 default, and sizes that fit two cores: 16 requests per arm at 0.25/s over four ~800-token documents; every pair's
 NIXL handshake is done before the first arm). Every arm runs the same seeded schedule, arms interleaved within each
-run (run 1: every arm, run 2: every arm, ...), prefix caches emptied before each arm.
+run (run 1: every arm, run 2: every arm, ...), the order rotated by one arm per run (so no arm always runs first),
+prefix caches emptied before each arm. The KV arms' proxies serve their metrics, and each KV arm prints its decisions:
+the mean predicted remote and local cost (``predicted_remote``/``predicted_local``, both priced for every request), the
+measured TTFT per path (``ttft_disaggregated``, ``ttft_local_prefill``), local prefills by reason and the fitted lines.
+``--shared-compute`` sets the KV arms' ``disaggregation.shared_compute`` (default: on for vllm, off for sim).
 
 | arm                  | prefill worker             | decode worker              | remote or local prefill        |
 |----------------------|----------------------------|----------------------------|--------------------------------|
@@ -52,6 +56,7 @@ from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.engines.base import Endpoint
 from litellm_disagg.engines.vllm.transfer import build_prefill_body, parse_transfer_params
 from litellm_disagg.http_client import pooled_client
+from litellm_disagg.ports import free_port
 from litellm_disagg.processes import spawn, stop
 from litellm_disagg.sim.request_log import read as read_traces
 
@@ -155,27 +160,89 @@ async def connect_pairs(pools: Pools) -> None:
                 r.raise_for_status()
 
 
-def proxy_config(arm: str, pools: Pools) -> dict[str, Any]:
+KV_ARMS = ("pd_kv_precise", "pd_kv_approximate")
+
+
+def proxy_config(arm: str, pools: Pools, *, shared_compute: bool = False,
+                 metrics_port: int | None = None) -> dict[str, Any]:
+    """The arm's proxy config. ``shared_compute``: the KV arms' ``disaggregation.shared_compute`` (true for engines on
+    one machine, as ``litellm-disagg up`` writes it); ``metrics_port``: serve the plugin's metrics there."""
     kv: dict[str, Any]
-    if arm in ("pd_kv_precise", "pd_kv_approximate"):
-        kv = {"enabled": True, "disaggregation": {"mode": "auto"},
+    if arm in KV_ARMS:
+        kv = {"enabled": True, "disaggregation": {"mode": "auto", "shared_compute": shared_compute},
               "tokenizer": {"model_dirs": {pools.model: pools.tokenizer}},
               "index": {"mode": "precise" if arm == "pd_kv_precise" else "approximate"}}
         picker = "least_inflight"
     else:
         kv = {"enabled": False}
         picker = "round_robin" if arm == "pd_round_robin" else "least_inflight"
+    section: dict[str, Any] = {
+        "registry": {"backend": "file", "path": str(pools.registry_dir), "poll_interval_s": 0.25},
+        "picker": picker,
+        "kv_routing": kv,
+    }
+    if metrics_port is not None:
+        section["metrics"] = {"port": metrics_port}
     return {
         "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
         "litellm_settings": {"drop_params": False, "request_timeout": 600, "callbacks": ["litellm_disagg.plugin.handler"]},
         "router_settings": {"num_retries": 1, "timeout": 600},
         "model_list": [],
-        "litellm_disagg": {
-            "registry": {"backend": "file", "path": str(pools.registry_dir), "poll_interval_s": 0.25},
-            "picker": picker,
-            "kv_routing": kv,
-        },
+        "litellm_disagg": section,
     }
+
+
+_DECISION_SERIES = {
+    "litellm_disagg_prefill_cost_estimate_seconds": "option",
+    "litellm_disagg_time_to_first_token_seconds": "mode",
+}
+
+
+async def scrape_decisions(url: str) -> dict[str, float]:
+    """The proxy's decision figures (``observability/metrics.py``) as flat counters: ``<series>:<label>:sum|count``
+    for the cost estimates per option and the TTFT per mode, ``local:<reason>`` for the local prefills by reason,
+    ``fit:<gauge>:<phase>`` for the cost model's current lines. Two scrapes' difference is one arm's share."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(timeout=10) as client:
+        text = (await client.get(url)).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name, labels = sample.name, sample.labels
+            for series, label in _DECISION_SERIES.items():
+                for suffix in ("_sum", "_count"):
+                    if name == series + suffix:
+                        key = f"{series.removeprefix('litellm_disagg_')}:{labels.get(label, '')}:{suffix[1:]}"
+                        out[key] = out.get(key, 0.0) + sample.value
+            if name == "litellm_disagg_local_prefills_total":
+                out[f"local:{labels.get('reason', '')}"] = out.get(f"local:{labels.get('reason', '')}", 0.0) + sample.value
+            if name in ("litellm_disagg_cost_model_tokens_per_second", "litellm_disagg_cost_model_overhead_seconds"):
+                out[f"fit:{name.removeprefix('litellm_disagg_cost_model_')}:{labels.get('phase', '')}"] = sample.value
+    return out
+
+
+def decision_summary(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """One arm's means from two scrapes: predicted remote and local cost over all its decisions (both options are
+    priced for every request), measured TTFT per path (``disaggregated``: remote prefill; ``local_prefill``), counts,
+    and the fitted lines at the end."""
+    def delta(key: str) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    summary: dict[str, float] = {}
+    for prefix, what in (("prefill_cost_estimate_seconds", "predicted"), ("time_to_first_token_seconds", "ttft")):
+        for key in sorted(k for k in after if k.startswith(prefix + ":") and k.endswith(":count")):
+            label = key.split(":")[1]
+            n = delta(key)
+            if n > 0:
+                summary[f"{what}_{label}_n"] = n
+                summary[f"{what}_{label}_mean_s"] = delta(f"{prefix}:{label}:sum") / n
+    for key in after:
+        if key.startswith("local:") and delta(key) > 0:
+            summary[key] = delta(key)
+        elif key.startswith("fit:"):
+            summary[key] = after[key]
+    return summary
 
 
 async def run_oracle(schedule: Schedule, pools: Pools, *, max_tokens: int) -> tuple[list[RequestResult], float]:
@@ -251,6 +318,8 @@ class PDFigures:
     """The p50 of each part of TTFT (``breakdown.PARTS``) over the arm's requests."""
     slowest: list[dict[str, object]] = field(default_factory=list)
     """The breakdowns of the slowest 2% of requests by TTFT (``breakdown.Breakdown``)."""
+    decisions: dict[str, float] = field(default_factory=dict)
+    """KV arms: the proxy's predicted costs against measured TTFT per path (``decision_summary``)."""
 
 
 def figures(arm: str, run: int, results: list[RequestResult], pools: Pools, before: dict[str, dict[str, float]],
@@ -304,7 +373,11 @@ def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argpars
         results, _ = asyncio.run(run_oracle(schedule, pools, max_tokens=args.max_tokens))
         after = asyncio.run(read_counters(pools.all))
         return figures(arm, run, results, pools, before, after), results
-    server = proxy.start(proxy_config(arm, pools), run_dir, f"{arm}-{run}", model=pools.model, timeout_s=600)
+    metrics_port = free_port() if arm in KV_ARMS else None
+    config = proxy_config(arm, pools, shared_compute=args.shared_compute == "on", metrics_port=metrics_port)
+    server = proxy.start(config, run_dir, f"{arm}-{run}", model=pools.model, timeout_s=600)
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    decisions_before: dict[str, float] = {}
     try:
         time.sleep(1.0)  # discovery, KV event subscriptions and the load scraper catch up
         asyncio.run(warm_up(server.base_url, server.key, pools, words=args.warm_up_words))
@@ -312,13 +385,22 @@ def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argpars
         asyncio.run(reset_prefix_caches(pools.all))
         time.sleep(0.5)  # the AllBlocksCleared events reach the router
         before = asyncio.run(read_counters(pools.all))
+        if metrics_port is not None:
+            decisions_before = asyncio.run(scrape_decisions(metrics_url))
         results, _ = asyncio.run(loadgen.run(schedule, arm=Arm(cast(ArmName, arm), {}), base_url=server.base_url,
                                              key=server.key, model=pools.model, workers=len(pools.decode),
                                              max_tokens=args.max_tokens))
         after = asyncio.run(read_counters(pools.all))
+        decisions = {}
+        if metrics_port is not None:
+            time.sleep(0.5)  # the last requests' TTFT and ends are recorded
+            decisions = decision_summary(decisions_before, asyncio.run(scrape_decisions(metrics_url)))
+            print(f"{arm} (run {run}) decisions: " + ", ".join(f"{k}={v:.3g}" for k, v in decisions.items()),
+                  flush=True)
     finally:
         server.close()
-    return figures(arm, run, results, pools, before, after), results
+    row = figures(arm, run, results, pools, before, after)
+    return dataclasses.replace(row, decisions=decisions), results
 
 
 async def warm_up(base_url: str, key: str, pools: Pools, *, rounds: int = 2, words: int = 600) -> None:
@@ -431,6 +513,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefill", type=int)
     p.add_argument("--decode", type=int)
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--first-run", type=int, default=1,
+                   help="number of the first run (its arm order: run_order), to continue a set over invocations")
     p.add_argument("--arms", default=",".join(PD_ARMS), help="comma-separated, from: " + ", ".join(PD_ARMS))
     p.add_argument("--workload", default="shared", choices=workloads.WORKLOADS)
     p.add_argument("--requests", type=int)
@@ -443,8 +527,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--shared-compute", choices=["on", "off"],
+                   help="the KV arms' disaggregation.shared_compute (default: on for vllm, whose engines share this "
+                        "machine's cores as under `litellm-disagg up`; off for sim, whose workers have modeled "
+                        "hardware each)")
     cli.add_worker_arguments(p, kv_cache_mib=768)
     args = p.parse_args(argv)
+    if args.shared_compute is None:
+        args.shared_compute = "on" if args.backend == "vllm" else "off"
     for name, value in DEFAULTS[args.backend].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -475,6 +565,13 @@ def start(args: argparse.Namespace, run_dir: Path) -> Pools:
     return pools
 
 
+def run_order(arms: list[str], run: int) -> list[str]:
+    """Run ``run``'s arm order (1-based): the list rotated by ``run - 1``, so that no arm always runs first (or
+    right after the workers' start)."""
+    k = (run - 1) % len(arms) if arms else 0
+    return arms[k:] + arms[:k]
+
+
 def main(argv: list[str] | None = None) -> list[PDFigures]:
     args = parse_args(argv)
     arms = args.arms.split(",")
@@ -486,8 +583,8 @@ def main(argv: list[str] | None = None) -> list[PDFigures]:
     pools = start(args, run_dir)
     rows: list[PDFigures] = []
     try:
-        for run in range(1, args.runs + 1):
-            for arm in arms:
+        for run in range(args.first_run, args.first_run + args.runs):
+            for arm in run_order(arms, run):
                 print(f"[run {run}] {arm} ...", flush=True)
                 rows.append(run_arm(arm, run, schedule, pools, args, run_dir))
             print(table([r for r in rows if r.run == run]), flush=True)
