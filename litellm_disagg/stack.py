@@ -25,10 +25,11 @@ from pathlib import Path
 import httpx
 
 from litellm_disagg.discovery.file.settings import ENV_REGISTRY_DIR
-from litellm_disagg.processes import wait_until
-from litellm_disagg.stack_config import write_stack_config
-from litellm_disagg.supervisor import ChildSpec, Supervisor
+from litellm_disagg.engines.vllm import VLLM
 from litellm_disagg.ports import free_port
+from litellm_disagg.processes import wait_until
+from litellm_disagg.stack_config import shared_compute_share, write_stack_config
+from litellm_disagg.supervisor import ChildSpec, Supervisor
 
 STATE_DIR = Path.home() / ".cache" / "litellm-disagg"
 
@@ -61,18 +62,21 @@ def run_stack(args: argparse.Namespace) -> int:
     key = os.environ.get("LITELLM_MASTER_KEY") or f"sk-{secrets.token_urlsafe(24)}"
     logs = Path(tempfile.mkdtemp(prefix="up-", dir=_mkdir(STATE_DIR / "runs")))
     registry = args.registry_dir or str(logs / "registry")
-    try:
-        # KV-aware routing (on in the shipped config) tokenizes with the served model's own directory.
-        config, kv_routing = write_stack_config(find_proxy_config(args.config), logs, served_model=served, model_dir=model_dir)
-    except ValueError as exc:
-        raise SystemExit(f"invalid proxy config: {exc}") from exc
-
     env = dict(os.environ)
     env[ENV_REGISTRY_DIR] = registry
     env["LITELLM_MASTER_KEY"] = key
     env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     worker_env = dict(env)
     worker_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // 2)))
+    # The prefill and decode engines run on this machine: how much of each other's compute they take.
+    shared = shared_compute_share(device=VLLM.adapter.detect_device(), cpus=os.cpu_count() or 1,
+                                  threads_per_engine=_int(worker_env["OMP_NUM_THREADS"], 1), engines=2)
+    try:
+        # KV-aware routing (on in the shipped config) tokenizes with the served model's own directory.
+        config, kv_routing = write_stack_config(find_proxy_config(args.config), logs, served_model=served,
+                                                model_dir=model_dir, shared_compute=shared)
+    except ValueError as exc:
+        raise SystemExit(f"invalid proxy config: {exc}") from exc
 
     stopping = threading.Event()
 
@@ -135,6 +139,13 @@ def _wait_both_roles(registry: str, served: str, stopping: threading.Event, supe
         return {"prefill", "decode"} <= roles or stopping.is_set()
 
     wait_until(both_ready, timeout_s=900, interval_s=1.0, alive=supervise, what="both workers")
+
+
+def _int(text: str, default: int) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        return default
 
 
 def _mkdir(path: Path) -> Path:

@@ -4,6 +4,7 @@ prefill-then-decode protocol against simulated pools (the proxy arms run through
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -108,11 +109,13 @@ def test_runs_rotate_the_arm_order_so_no_arm_always_runs_first():
 
 def test_kv_arms_set_shared_compute_and_serve_metrics_when_asked(tmp_path):
     pools = pd.Pools(tmp_path, [], [], [])
-    settings = DisaggSettings.from_proxy_config(pd.proxy_config("pd_kv_precise", pools, shared_compute=True,
+    settings = DisaggSettings.from_proxy_config(pd.proxy_config("pd_kv_precise", pools, shared_compute=0.5,
                                                                 metrics_port=9123))
-    assert settings.kv_routing.disaggregation.shared_compute is True and settings.metrics.port == 9123
-    assert pd.parse_args(["--backend", "vllm"]).shared_compute == "on"
-    assert pd.parse_args([]).shared_compute == "off"
+    assert settings.kv_routing.disaggregation.shared_compute == 0.5 and settings.metrics.port == 9123
+    cpus = os.cpu_count() or 1
+    assert pd.parse_args(["--backend", "vllm"]).shared_compute == round(max(0.0, 1 - cpus / 3), 3)  # 1P+2D, 1 thread
+    assert pd.parse_args(["--backend", "vllm", "--shared-compute", "0"]).shared_compute == 0.0
+    assert pd.parse_args([]).shared_compute == 0.0
 
 
 def test_decision_summary_is_one_arms_means_from_two_scrapes():

@@ -11,7 +11,8 @@ run (run 1: every arm, run 2: every arm, ...), the order rotated by one arm per 
 prefix caches emptied before each arm. The KV arms' proxies serve their metrics, and each KV arm prints its decisions:
 the mean predicted remote and local cost (``predicted_remote``/``predicted_local``, both priced for every request), the
 measured TTFT per path (``ttft_disaggregated``, ``ttft_local_prefill``), local prefills by reason and the fitted lines.
-``--shared-compute`` sets the KV arms' ``disaggregation.shared_compute`` (default: on for vllm, off for sim).
+``--shared-compute`` sets the KV arms' ``disaggregation.shared_compute`` (default: for vllm, as ``litellm-disagg up``
+computes it for one-thread engines on this machine's cores; 0 for sim).
 
 | arm                  | prefill worker             | decode worker              | remote or local prefill        |
 |----------------------|----------------------------|----------------------------|--------------------------------|
@@ -37,6 +38,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import random
 import statistics
 import time
@@ -59,6 +61,7 @@ from litellm_disagg.http_client import pooled_client
 from litellm_disagg.ports import free_port
 from litellm_disagg.processes import spawn, stop
 from litellm_disagg.sim.request_log import read as read_traces
+from litellm_disagg.stack_config import shared_compute_share
 
 PD_ARMS = ("pd_kv_precise", "pd_kv_approximate", "pd_least_inflight", "pd_round_robin", "pd_oracle")
 MODEL = "sim-model"
@@ -163,10 +166,11 @@ async def connect_pairs(pools: Pools) -> None:
 KV_ARMS = ("pd_kv_precise", "pd_kv_approximate")
 
 
-def proxy_config(arm: str, pools: Pools, *, shared_compute: bool = False,
+def proxy_config(arm: str, pools: Pools, *, shared_compute: float = 0.0,
                  metrics_port: int | None = None) -> dict[str, Any]:
-    """The arm's proxy config. ``shared_compute``: the KV arms' ``disaggregation.shared_compute`` (true for engines on
-    one machine, as ``litellm-disagg up`` writes it); ``metrics_port``: serve the plugin's metrics there."""
+    """The arm's proxy config. ``shared_compute``: the KV arms' ``disaggregation.shared_compute`` (the share of a
+    remote prefill's compute the decode workers lose, as ``litellm-disagg up`` computes it for engines on one machine);
+    ``metrics_port``: serve the plugin's metrics there."""
     kv: dict[str, Any]
     if arm in KV_ARMS:
         kv = {"enabled": True, "disaggregation": {"mode": "auto", "shared_compute": shared_compute},
@@ -374,7 +378,7 @@ def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argpars
         after = asyncio.run(read_counters(pools.all))
         return figures(arm, run, results, pools, before, after), results
     metrics_port = free_port() if arm in KV_ARMS else None
-    config = proxy_config(arm, pools, shared_compute=args.shared_compute == "on", metrics_port=metrics_port)
+    config = proxy_config(arm, pools, shared_compute=args.shared_compute, metrics_port=metrics_port)
     server = proxy.start(config, run_dir, f"{arm}-{run}", model=pools.model, timeout_s=600)
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     decisions_before: dict[str, float] = {}
@@ -527,18 +531,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results")
-    p.add_argument("--shared-compute", choices=["on", "off"],
-                   help="the KV arms' disaggregation.shared_compute (default: on for vllm, whose engines share this "
-                        "machine's cores as under `litellm-disagg up`; off for sim, whose workers have modeled "
-                        "hardware each)")
+    p.add_argument("--shared-compute", type=float,
+                   help="the KV arms' disaggregation.shared_compute, 0-1 (default: for vllm, the share by which the "
+                        "one-thread engines outnumber this machine's cores, as `litellm-disagg up` computes it: 1/3 "
+                        "for 1P+2D on 2 cores; 0 for sim, whose workers have modeled hardware each)")
     cli.add_worker_arguments(p, kv_cache_mib=768)
     args = p.parse_args(argv)
-    if args.shared_compute is None:
-        args.shared_compute = "on" if args.backend == "vllm" else "off"
     for name, value in DEFAULTS[args.backend].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
     args.warm_up_words = 600 if args.backend == "sim" else 250
+    if args.shared_compute is None:
+        args.shared_compute = 0.0 if args.backend == "sim" else shared_compute_share(
+            device="cpu", cpus=os.cpu_count() or 1, threads_per_engine=1, engines=args.prefill + args.decode)
     for arm in args.arms.split(","):
         if arm not in PD_ARMS:
             raise SystemExit(f"unknown arm {arm!r}; choose from {', '.join(PD_ARMS)}")

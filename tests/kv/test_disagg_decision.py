@@ -191,7 +191,7 @@ def test_shared_compute_charges_the_stall_to_both_options(inputs: DisaggInputs, 
     assert decider().decide(inputs).remote is separate
     decision = decider(shared_compute=True).decide(inputs)
     assert decision.remote is shared, decision.reason
-    assert decision.reason.endswith(", shared compute")
+    assert decision.reason.endswith(", shared compute 1")
 
 
 def test_shared_compute_prices_remote_with_the_same_stall_as_local() -> None:
@@ -214,3 +214,21 @@ def test_shared_compute_prices_remote_with_the_same_stall_as_local() -> None:
     ).costs(_HELD_ON_DECODE)
     assert separate_local == pytest.approx(local)
     assert separate_remote == pytest.approx(0.02 + 150 / 400 + 0.005 + 150 / 200_000)
+
+
+def test_shared_compute_is_a_share_of_the_stall_charged_to_remote():
+    """3 one-thread engines on 2 cores lose a third of a remote prefill's compute: at the priors, the document the
+    decode worker holds stays local while a cold one goes remote (the oracle's choices on that machine)."""
+    share = 1 - 2 / 3
+    d = decider(shared_compute=share)
+    assert d.decide(_HELD_ON_DECODE).remote is False
+    cold = DisaggInputs(prompt_tokens=790, decode_running=1)
+    decision = d.decide(cold)
+    assert decision.remote is True and decision.reason.endswith(f", shared compute {share:g}")
+    remote, local = d.costs(cold)
+    full_remote, _ = decider(shared_compute=1.0).costs(cold)
+    separate_remote, _ = decider().costs(cold)
+    assert remote == pytest.approx(separate_remote + share * (full_remote - separate_remote))
+    assert decider(shared_compute=True).settings.shared_compute == 1.0
+    with pytest.raises(ValueError):
+        decider(shared_compute=1.5)

@@ -7,7 +7,7 @@ The cost model, in seconds (``rate``, ``overhead`` and the transfer line are fit
     remote = queued prefill tokens on the prefill worker / rate          (wait for its backlog)
            + overhead + tokens the prefill worker lacks / rate          (compute)
            + transfer(tokens the decode worker lacks)                   (the decode worker pulls only what it lacks)
-           [+ decode_time_weight * (1 + requests running there) * (tokens the prefill worker lacks / rate)]
+           + shared_compute * decode_time_weight * (1 + requests running there) * (tokens the prefill worker lacks / rate)
     local  = queued local prefill tokens / local rate + tokens the decode worker lacks / local rate
            + decode_time_weight * (1 + requests running there) * (tokens it lacks / local rate)
 
@@ -17,13 +17,14 @@ the crossover follows from the measured overhead, transfer cost and backlog (wit
 cluster sends prompts above about 260 uncached tokens to a prefill worker; a saturated prefill pool or a prompt the
 decode worker already holds stays local).
 
-Shared compute (``shared_compute``; ``litellm-disagg up`` sets it): when the prefill and decode workers are engines on
-one machine's cores or one GPU, a remote prefill takes the decode workers' compute just as a local one does, so the
-bracketed line charges it the same stall, for the tokens the prefill worker computes. Remote then wins only by what
-it saves (the prefill worker holds more of the prompt, or the decode worker has a longer backlog), never by prompt
-length alone: it still pays the overhead and the transfer. Measured on 3 vLLM engines sharing 2 CPU cores
-(docs/benchmarks.md, "P/D on real vLLM CPU workers"): without it, ~150 lacking tokens priced ~0.75 s local against
-~0.4 s remote sent most requests to the one prefill worker.
+Shared compute (``shared_compute``, 0 to 1; ``litellm-disagg up`` computes it): when the prefill and decode workers
+are engines on one machine, a remote prefill takes part of the decode workers' compute too: all of it when they
+time-share one GPU (1), part of it when CPU engines' threads outnumber the cores (``1 - cores / threads``). The line
+with ``shared_compute`` charges the remote option that share of the stall, for the tokens the prefill worker computes.
+At 1, remote wins only by what it saves (the prefill worker holds more of the prompt, or the decode worker has a
+longer backlog), never by prompt length alone; at 0 (separate hardware) the line vanishes. Measured on 3 one-thread
+vLLM engines on 2 CPU cores (docs/benchmarks.md, "P/D on real vLLM CPU workers"): at 0, ~150 lacking tokens priced
+~0.75 s local against ~0.4 s remote sent most requests to the one prefill worker.
 
 Online estimates: ``seconds = overhead + tokens / rate``, fitted by least squares with exponential forgetting
 (``halflife_observations``), separately for prefill (tokens: prompt tokens computed plus tokens queued ahead when it
@@ -255,7 +256,7 @@ class DisaggDecider:
                 remote, f"override: {lacking_local} uncached tokens {verdict} {s.min_remote_prefill_tokens}"
             )
         remote_cost, local_cost = self.costs(inputs)
-        shared = ", shared compute" if s.shared_compute else ""
+        shared = f", shared compute {s.shared_compute:g}" if s.shared_compute else ""
         if remote_cost < local_cost:
             return DisaggDecision(
                 True, f"remote {remote_cost * 1e3:.1f} ms < local {local_cost * 1e3:.1f} ms{shared}", remote_cost,
@@ -279,8 +280,8 @@ class DisaggDecider:
             + (transfer.seconds(lacking_local) if lacking_local > 0 else 0.0)
         )
         stall_per_second = self.settings.decode_time_weight * (1.0 + max(0.0, inputs.decode_running))
-        if self.settings.shared_compute:  # the prefill worker computes on the decode workers' cores / GPU
-            remote += stall_per_second * lacking_remote / prefill.tokens_per_s
+        # The share of the prefill worker's compute taken from the decode workers (same cores / GPU).
+        remote += self.settings.shared_compute * stall_per_second * lacking_remote / prefill.tokens_per_s
         local_rate = prefill.tokens_per_s * self.settings.local_prefill_speed
         local_compute = lacking_local / local_rate
         local = inputs.decode_queued_tokens / local_rate + local_compute + stall_per_second * local_compute

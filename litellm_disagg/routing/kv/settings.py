@@ -117,12 +117,13 @@ class DisaggDecisionSettings(_Strict):
     delays (the request's decode slot counts as one, plus each running request): time taken from decoding."""
     local_prefill_speed: Positive = 1.0
     """The decode worker's prefill speed relative to a prefill worker's (1: same hardware and model)."""
-    shared_compute: bool = False
-    """The prefill and decode workers share one machine's compute (several engines on one CPU host, or on one GPU),
-    as ``litellm-disagg up`` runs them (``up`` sets this to true unless the config says otherwise). A remote prefill
-    then takes the decode workers' compute as a local one does, so the ``decode_time_weight`` charge is added to both
-    options: remote wins only where the prefill worker holds more of the prompt (less to compute) or the decode
-    worker's own backlog is longer, not merely because a prompt is long. False: each worker has compute of its own."""
+    shared_compute: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    """The share of a remote prefill's compute that the decode workers lose: 0 when each worker has hardware of its
+    own; 1 when the engines time-share the same cores or GPU (several engines on one GPU); between for CPU engines
+    whose threads outnumber the cores (``1 - cores / engine threads``: 3 one-thread engines on 2 cores, 1/3).
+    ``litellm-disagg up`` computes it for what it starts (``stack_config.shared_compute_share``) unless the config
+    sets it. That share of the ``decode_time_weight`` charge is added to the remote option, so remote wins where it
+    saves the decode side compute, not merely because a prompt is long. ``true`` means 1."""
 
 
 class KVRoutingSettings(_Strict):
