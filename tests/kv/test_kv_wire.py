@@ -50,11 +50,17 @@ def test_the_compiled_path_is_built_and_selected_for_vllm_wire() -> None:
 # -- the two paths ------------------------------------------------------------------------------------------------------
 
 
-def fresh(**kw: Any) -> tuple[PrefixIndex, EventApplier]:
+def fresh(*, pure: bool = False, **kw: Any) -> tuple[PrefixIndex, EventApplier]:
+    """``pure``: the applier's translation table is a dict (the reference) instead of ``_kvwire.Translations``."""
     index = PrefixIndex(clock=lambda: 0.0)
     index.add_worker("other", capacity_blocks=CAPACITY)
     index.add_worker("w", capacity_blocks=CAPACITY)
-    return index, EventApplier("w", index, block_size=BS, capacity_blocks=CAPACITY, **kw)
+    applier = EventApplier("w", index, block_size=BS, capacity_blocks=CAPACITY, **kw)
+    assert native.wire is not None and type(applier._ours) is native.wire.Translations
+    if pure:
+        applier._table = dict
+        applier._ours = {}
+    return index, applier
 
 
 def python_path(applier: EventApplier, frames: Frames) -> None:
@@ -82,7 +88,7 @@ def compiled(applier: EventApplier, frames: Frames) -> bool:
 def state(index: PrefixIndex, applier: EventApplier) -> object:
     slots = [None if s is None else (s.worker_id, list(s.held.items())) for s in index._slots]
     stats = dataclasses.replace(applier.stats, last_applied_at=None, last_batch_ts=None)
-    return list(index._held.items()), slots, list(applier._ours.items()), stats, repr(applier.stats.last_batch_ts)
+    return list(index._held.items()), slots, dict(applier._ours.items()), stats, repr(applier.stats.last_batch_ts)
 
 
 # -- random streams -----------------------------------------------------------------------------------------------------
@@ -216,8 +222,9 @@ class Stream:
 
 @pytest.mark.parametrize("seed", range(8))
 def test_random_streams_give_the_same_state_message_by_message(seed: int) -> None:
+    """The Python path on the pure-Python applier (its translations a dict) against the compiled path."""
     stream = Stream(seed)
-    py_index, py_applier = fresh(on_gap="clear" if seed % 3 == 0 else "keep")
+    py_index, py_applier = fresh(pure=True, on_gap="clear" if seed % 3 == 0 else "keep")
     c_index, c_applier = fresh(on_gap="clear" if seed % 3 == 0 else "keep")
     taken = 0
     messages = [stream.message() for _ in range(600)]
@@ -234,7 +241,7 @@ def test_random_streams_give_the_same_state_message_by_message(seed: int) -> Non
 def test_many_translations_are_pruned_the_same_way() -> None:
     """Stores whose removals never come: the translation table outgrows 2 * capacity + 1024 and is pruned."""
     rng = random.Random(5)
-    py_index, py_applier = fresh()
+    py_index, py_applier = fresh(pure=True)
     c_index, c_applier = fresh()
     for seq in range(300):
         tokens = [rng.randrange(1000) for _ in range(BS * 8)]
@@ -258,9 +265,73 @@ def test_many_translations_are_pruned_the_same_way() -> None:
         ]
         frames = [b"kv", seq.to_bytes(8, "big"), msgpack.packb([1.0, events, 0])]
         python_path(py_applier, frames)
+        assert not native.wire.apply_message(py_applier, frames)  # a dict table: left to the Python path
         assert compiled(c_applier, frames)
         assert state(c_index, c_applier) == state(py_index, py_applier)
     assert len(c_applier._ours) < 2 * CAPACITY + 1024
+    assert type(c_applier._ours) is native.wire.Translations and type(py_applier._ours) is dict  # pruned: same type
+
+
+def _engine_keys(rng: random.Random) -> list[Any]:
+    """Engine hashes as vLLM sends them (ints up to 2**64 - 1, bytes) and keys the C cells cannot hold."""
+    edges = [0, 1, 2**63 - 1, 2**63, 2**64 - 1, True]
+    outside = [-1, -(2**63), 2**64, 2**70, -(2**90), b"", b"\x00" * 32, "s", (1, 2), 1.5]
+    return edges + outside + [rng.getrandbits(64) for _ in range(300)] + [rng.getrandbits(8) for _ in range(60)]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_translations_answer_as_a_dict(seed: int) -> None:
+    """``_kvwire.Translations`` against a dict on random sets, reads, pops, deletions, updates and clears: growth past
+    many resizes, shrinking back, deletions inside probe clusters; values outside int64 go to its dict part."""
+    assert native.wire is not None
+    rng = random.Random(seed)
+    keys = _engine_keys(rng)
+    table = native.wire.Translations()
+    ref: dict[Any, Any] = {}
+    for step in range(30_000):
+        e = rng.choice(keys)
+        op = rng.random()
+        if step > 20_000 and op < 0.6:  # the last third mostly empties the table
+            op = 0.8
+        if op < 0.4:
+            h = rng.choice([0, -1, 2**63 - 1, -(2**63), rng.getrandbits(64) - 2**63])
+            if rng.random() < 0.02:
+                h = rng.choice([2**63, -(2**63) - 1, "x"])  # not an int64: kept in the dict part
+            table[e] = h
+            ref[e] = h
+        elif op < 0.45:
+            pairs = [(rng.choice(keys), rng.getrandbits(63)) for _ in range(rng.randrange(5))]
+            table.update(iter(pairs))
+            ref.update(pairs)
+        elif op < 0.6:
+            assert table.get(e) == ref.get(e) and table.get(e, 7) == ref.get(e, 7) and (e in table) == (e in ref)
+        elif op < 0.8:
+            assert table.pop(e, None) == ref.pop(e, None)
+        elif e in ref:
+            assert table[e] == ref[e]
+            del table[e]
+            del ref[e]
+        else:
+            with pytest.raises(KeyError):
+                del table[e]
+            with pytest.raises(KeyError):
+                table[e]
+        if step % 997 == 0:
+            assert len(table) == len(ref) and dict(table.items()) == ref and table == ref
+            assert set(table) == set(ref) and set(table.keys()) == set(ref)  # True and 1: one key, as in a dict
+        if step == 15_000:
+            table.clear()
+            ref.clear()
+            assert len(table) == 0 and table.cells_allocated() == 64
+    assert dict(table.items()) == ref
+    grown = native.wire.Translations()
+    for i in range(100_000):
+        grown[i * 7919] = -i
+    big = grown.cells_allocated()
+    assert big >= 200_000 and len(grown) == 100_000
+    for i in range(100_000):
+        assert grown.pop(i * 7919) == -i
+    assert len(grown) == 0 and grown.cells_allocated() <= 128 and big > 1000 * grown.cells_allocated()
 
 
 def test_hashes_equal_the_request_side_hashes() -> None:

@@ -21,15 +21,23 @@ what is left, truncation, wrong types all end in False), nothing is allocated fr
 checked against the bytes left, and nested values are skipped iteratively up to ``MAX_DEPTH`` levels.
 
 Two passes: the first reads and checks the whole payload without side effects (recording where each event's fields
-are), the second applies it (sequence check, translations, hashes, index), so a payload rejected half-way changes
-nothing.
+are, and hashing each full block of token ids as it checks them), the second applies it (sequence check,
+translations, chaining the block hashes, index), so a payload rejected half-way changes nothing.
+
+``Translations`` is the applier's engine-hash -> router-hash table when this module is built (``EventApplier`` makes
+one; a dict without it): C cells the second pass reads and writes straight from the message's engine hashes. An
+applier whose table is a plain dict (the pure-Python reference, in tests) is left to the Python path.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_GetItem, PyDict_SetItem
-from cpython.long cimport PyLong_AsLongLong, PyLong_FromLongLong, PyLong_FromSsize_t, PyLong_FromUnsignedLongLong
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.list cimport PyList_New, PyList_SET_ITEM
+from cpython.long cimport (
+    PyLong_AsLongLong, PyLong_AsUnsignedLongLong, PyLong_FromLongLong, PyLong_FromSsize_t, PyLong_FromUnsignedLongLong,
+)
+from cpython.mem cimport PyMem_Calloc, PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcmp
@@ -37,6 +45,10 @@ from libc.string cimport memcmp
 from litellm_disagg.routing.kv._tuplehash cimport (
     Py_hash_t, Py_uhash_t, chain_step, finish, int_hash, mix, uint_hash, xxprime_5,
 )
+
+cdef extern from "Python.h":
+    bint PyLong_Check(object o) noexcept
+    long long PyLong_AsLongLongAndOverflow(object o, int* overflow) except? -1
 
 import time as _time_module
 
@@ -83,6 +95,7 @@ cdef struct Event:
     Py_ssize_t parent_pos
     Py_ssize_t tokens_pos
     Py_ssize_t n_tokens
+    Py_ssize_t inner_start  # this event's block tuple hashes: Batch.inner[inner_start:inner_start + n_tokens // size]
     Int block_size
     int medium  # 0: nil or absent, 1: "GPU", 2: another string (at medium_pos, medium_len)
     Py_ssize_t medium_pos
@@ -100,6 +113,10 @@ cdef struct Batch:
     Event* events
     Py_ssize_t n_events
     Py_ssize_t capacity
+    Py_ssize_t size  # the worker's block size: token ids are hashed in blocks of it while they are checked
+    Py_hash_t* inner  # hash(tuple(block)) of every full block of every event's token ids, in reading order
+    Py_ssize_t n_inner
+    Py_ssize_t inner_capacity
 
 
 # -- reading msgpack, every read checked ------------------------------------------------------------------------------
@@ -379,7 +396,59 @@ cdef int read_opt_int(Reader* r, bint* present, Int* out) noexcept nogil:
     return read_int(r, out)
 
 
-cdef int read_event(Reader* r, Event* e):
+cdef inline int read_token(Reader* r, Int* out) noexcept nogil:
+    """``read_int``, with the forms token ids take inline (positive fixint, uint 8 / 16)."""
+    cdef unsigned char b
+    if r.pos < r.end:
+        b = r.p[r.pos]
+        if b <= 0x7f:
+            out.v = b
+            out.big = False
+            r.pos += 1
+            return 0
+        if b == 0xcd and r.end - r.pos >= 3:
+            out.v = (<int64_t>r.p[r.pos + 1] << 8) | r.p[r.pos + 2]
+            out.big = False
+            r.pos += 3
+            return 0
+    return read_int(r, out)
+
+
+cdef int read_tokens(Reader* r, Event* e, Batch* batch):
+    """The ``token_ids`` array's items (its header read: ``e.n_tokens``), each checked to be an integer; the hash of
+    each full block of ``batch.size`` of them (``hash(tuple(block))``) appended to ``batch.inner`` on the way, so the
+    second pass chains them without reading the tokens again. Trailing tokens of a partial block are only checked
+    (such an event is skipped when applied)."""
+    cdef Py_ssize_t blocks = e.n_tokens // batch.size
+    cdef Py_ssize_t b, i
+    cdef Py_uhash_t inner
+    cdef Int token
+    cdef Py_hash_t* grown
+    cdef Py_ssize_t want
+    if batch.n_inner + blocks > batch.inner_capacity:
+        # blocks <= n_tokens, already checked against the bytes left (one byte per item at least)
+        want = 2 * batch.inner_capacity + blocks + 16
+        grown = <Py_hash_t*>PyMem_Realloc(batch.inner, want * sizeof(Py_hash_t))
+        if grown == NULL:
+            return -1
+        batch.inner = grown
+        batch.inner_capacity = want
+    e.inner_start = batch.n_inner
+    for b in range(blocks):
+        inner = xxprime_5()
+        for i in range(batch.size):
+            if read_token(r, &token) < 0:
+                return -1
+            inner = mix(inner, <Py_uhash_t>(uint_hash(<uint64_t>token.v) if token.big else int_hash(token.v)))
+        batch.inner[batch.n_inner + b] = finish(inner, batch.size)
+    batch.n_inner += blocks
+    for i in range(e.n_tokens - blocks * batch.size):
+        if read_token(r, &token) < 0:
+            return -1
+    return 0
+
+
+cdef int read_event(Reader* r, Event* e, Batch* batch):
     cdef Py_ssize_t entries, k, start, n, i
     cdef int seen = 0
     cdef int bit
@@ -469,9 +538,8 @@ cdef int read_event(Reader* r, Event* e):
             if read_array(r, &e.n_tokens) < 0:
                 return -1
             e.tokens_pos = r.pos
-            for i in range(e.n_tokens):
-                if read_int(r, &v) < 0:
-                    return -1
+            if read_tokens(r, e, batch) < 0:
+                return -1
         elif bit == F_BLOCK_SIZE:
             if read_int(r, &e.block_size) < 0:
                 return -1
@@ -522,7 +590,7 @@ cdef int read_batch(Reader* r, Batch* batch):
                 return -1
             batch.events = grown
             batch.capacity = 2 * batch.capacity + 4
-        if read_event(r, &batch.events[batch.n_events]) < 0:
+        if read_event(r, &batch.events[batch.n_events], batch) < 0:
             return -1
         batch.n_events += 1
     if items == 3 and read_opt_int(r, &present, &rank) < 0:
@@ -570,17 +638,328 @@ cdef bint wanted(Event* e, Reader* r, object media, object kv_group) except -1:
     return True
 
 
-cdef list stored_hashes(Event* e, Reader* r, dict ours, object applier, Py_ssize_t size, Py_ssize_t* skipped):
+# -- the engine-to-router hash table ---------------------------------------------------------------------------------
+
+
+cdef struct Cell:
+    uint64_t key
+    int64_t value
+    bint full
+
+
+cdef enum:
+    MIN_CELLS = 64  # table sizes are powers of two, never below this
+
+
+cdef inline bint as_ukey(object e, uint64_t* key) except -1:
+    """``e`` as a C key: True for an int in 0..2**64-1 (vLLM's engine block hashes), else False."""
+    cdef int overflow = 0
+    cdef long long v
+    if not PyLong_Check(e):
+        return False
+    v = PyLong_AsLongLongAndOverflow(e, &overflow)
+    if overflow == 0:
+        if v < 0:
+            return False
+        key[0] = <uint64_t>v
+        return True
+    if overflow < 0:
+        return False
+    try:
+        key[0] = PyLong_AsUnsignedLongLong(e)
+    except OverflowError:
+        return False
+    return True
+
+
+cdef inline bint as_value(object h, int64_t* value) except -1:
+    """``h`` as a C value: True for an int in the int64 range (the router's hashes, ``hash()`` values)."""
+    cdef int overflow = 0
+    cdef long long v
+    if not PyLong_Check(h):
+        return False
+    v = PyLong_AsLongLongAndOverflow(h, &overflow)
+    if overflow:
+        return False
+    value[0] = v
+    return True
+
+
+cdef class Translations:
+    """An ``EventApplier``'s engine-hash -> router-hash table (``{engine hash: our hash}``) as C integers: open
+    addressing with linear probing over cells of a uint64 key and an int64 value, deletion by backward shift, at most
+    half full, halved when under an eighth full (as ``_kvcore.MaskTable``). Entries whose key is not an int in
+    0..2**64-1 (bytes hashes, negative ints) or whose value is not an int64 live in ``other``, a dict, with the same
+    answers. ``apply_message`` reads and writes the cells straight from the message's bytes: no Python int per engine
+    hash, no dict probe.
+
+    The dict methods ``EventApplier`` uses, with dict semantics (the pure-Python applier uses a dict, the reference
+    the tests compare it with): ``get``, ``[]`` (read, write, ``del``), ``pop``, ``in``, ``len``, ``update`` (pairs),
+    ``clear``, ``items`` (a list: C cells in table order, then ``other``), ``keys``, iteration over keys."""
+
+    cdef Cell* cells
+    cdef Py_ssize_t capacity  # a power of two
+    cdef Py_ssize_t used  # C cells in use
+    cdef int shift  # 64 - log2(capacity)
+    cdef dict other
+
+    def __cinit__(self):
+        self.cells = NULL
+        self.used = 0
+        self.other = {}
+        self._alloc(MIN_CELLS)
+
+    def __dealloc__(self):
+        PyMem_Free(self.cells)
+
+    cdef int _alloc(self, Py_ssize_t capacity) except -1:
+        cdef Cell* cells = <Cell*>PyMem_Calloc(capacity, sizeof(Cell))
+        cdef int bits = 0
+        if cells == NULL:
+            raise MemoryError()
+        while (<Py_ssize_t>1 << bits) < capacity:
+            bits += 1
+        self.cells, self.capacity, self.shift = cells, capacity, 64 - bits
+        return 0
+
+    cdef inline Py_ssize_t home(self, uint64_t key) noexcept nogil:
+        return <Py_ssize_t>((key * <uint64_t>0x9E3779B97F4A7C15) >> self.shift)
+
+    cdef inline Py_ssize_t find(self, uint64_t key) noexcept nogil:
+        """The cell holding ``key``, or the empty cell where it would go."""
+        cdef Py_ssize_t last = self.capacity - 1
+        cdef Py_ssize_t i = self.home(key)
+        while self.cells[i].full and self.cells[i].key != key:
+            i = (i + 1) & last
+        return i
+
+    cdef int _resize(self, Py_ssize_t capacity) except -1:
+        cdef Cell* old = self.cells
+        cdef Py_ssize_t old_capacity = self.capacity
+        cdef Py_ssize_t i, j
+        self._alloc(capacity)
+        for i in range(old_capacity):
+            if old[i].full:
+                j = self.find(old[i].key)
+                self.cells[j] = old[i]
+        PyMem_Free(old)
+        return 0
+
+    cdef int put(self, uint64_t key, int64_t value) except -1:
+        cdef Py_ssize_t i = self.find(key)
+        if not self.cells[i].full:
+            if 2 * (self.used + 1) > self.capacity:
+                self._resize(2 * self.capacity)
+                i = self.find(key)
+            self.cells[i].key = key
+            self.cells[i].full = True
+            self.used += 1
+        self.cells[i].value = value
+        return 0
+
+    cdef inline bint lookup(self, uint64_t key, int64_t* value) noexcept nogil:
+        cdef Py_ssize_t i = self.find(key)
+        if not self.cells[i].full:
+            return False
+        value[0] = self.cells[i].value
+        return True
+
+    cdef bint take(self, uint64_t key, int64_t* value) except -1:
+        """Delete ``key`` (True, its value in ``value``) or False when absent (backward shift, as ``MaskTable.drop``)."""
+        cdef Py_ssize_t last = self.capacity - 1
+        cdef Py_ssize_t i = self.find(key)
+        cdef Py_ssize_t j, k
+        if not self.cells[i].full:
+            return False
+        value[0] = self.cells[i].value
+        j = i
+        while True:
+            j = (j + 1) & last
+            if not self.cells[j].full:
+                break
+            k = self.home(self.cells[j].key)
+            if (i < k <= j) if i <= j else (i < k or k <= j):
+                continue
+            self.cells[i] = self.cells[j]
+            i = j
+        self.cells[i].full = False
+        self.cells[i].key = 0
+        self.cells[i].value = 0
+        self.used -= 1
+        if self.capacity > MIN_CELLS and 8 * self.used < self.capacity:
+            self._resize(self.capacity // 2)
+        return True
+
+    # -- object-level operations (one per dict method, and the message path's odd keys) --
+
+    cdef bint get_object(self, object e, int64_t* value) except -1:
+        cdef uint64_t key
+        cdef object found
+        if as_ukey(e, &key) and self.lookup(key, value):
+            return True
+        if not self.other:
+            return False
+        found = self.other.get(e)
+        if found is None:
+            return False
+        value[0] = PyLong_AsLongLong(found)
+        return True
+
+    cdef int set_object(self, object e, object h) except -1:
+        cdef uint64_t key
+        cdef int64_t value
+        if as_ukey(e, &key) and as_value(h, &value):
+            self.put(key, value)
+            if self.other:
+                self.other.pop(e, None)
+        else:
+            if as_ukey(e, &key):
+                self.take(key, &value)
+            self.other[e] = h
+        return 0
+
+    cdef object pop_object(self, object e):
+        """The value (a Python int, or ``other``'s object), or None when absent."""
+        cdef uint64_t key
+        cdef int64_t value
+        if as_ukey(e, &key) and self.take(key, &value):
+            return PyLong_FromLongLong(value)
+        if not self.other:
+            return None
+        return self.other.pop(e, None)
+
+    # -- the message path: the engine hash at the reader (an integer or a bin, checked by the first pass) --
+
+    cdef bint get_at(self, Reader* r, int64_t* value) except -1:
+        cdef Int v
+        if has(r, 1) and 0xc4 <= r.p[r.pos] <= 0xc6:
+            return self.get_object(hash_object(r), value)
+        if read_int(r, &v) < 0:
+            raise AssertionError("engine hash changed between the passes")
+        if (v.big or v.v >= 0) and self.lookup(<uint64_t>v.v, value):
+            return True
+        if not self.other:
+            return False
+        return self.get_object(int_object(v), value)
+
+    cdef int set_at(self, Reader* r, int64_t value) except -1:
+        cdef Int v
+        if has(r, 1) and 0xc4 <= r.p[r.pos] <= 0xc6:
+            return self.set_object(hash_object(r), PyLong_FromLongLong(value))
+        if read_int(r, &v) < 0:
+            raise AssertionError("engine hash changed between the passes")
+        if (v.big or v.v >= 0) and not self.other:
+            return self.put(<uint64_t>v.v, value)
+        return self.set_object(int_object(v), PyLong_FromLongLong(value))
+
+    cdef bint take_at(self, Reader* r, int64_t* value) except -1:
+        cdef Int v
+        cdef object found
+        if has(r, 1) and 0xc4 <= r.p[r.pos] <= 0xc6:
+            found = self.pop_object(hash_object(r))
+        else:
+            if read_int(r, &v) < 0:
+                raise AssertionError("engine hash changed between the passes")
+            if (v.big or v.v >= 0) and self.take(<uint64_t>v.v, value):
+                return True
+            if not self.other:
+                return False
+            found = self.pop_object(int_object(v))
+        if found is None:
+            return False
+        value[0] = PyLong_AsLongLong(found)
+        return True
+
+    # -- dict methods (the Python path of EventApplier, tests) --
+
+    def get(self, e, default=None):
+        cdef uint64_t key
+        cdef int64_t value
+        if as_ukey(e, &key) and self.lookup(key, &value):
+            return PyLong_FromLongLong(value)
+        return self.other.get(e, default)
+
+    def __getitem__(self, e):
+        cdef uint64_t key
+        cdef int64_t value
+        if as_ukey(e, &key) and self.lookup(key, &value):
+            return PyLong_FromLongLong(value)
+        return self.other[e]
+
+    def __setitem__(self, e, h):
+        self.set_object(e, h)
+
+    def __delitem__(self, e):
+        cdef uint64_t key
+        cdef int64_t value
+        if as_ukey(e, &key) and self.take(key, &value):
+            return
+        del self.other[e]
+
+    def pop(self, e, default=None):
+        cdef uint64_t key
+        cdef int64_t value
+        if as_ukey(e, &key) and self.take(key, &value):
+            return PyLong_FromLongLong(value)
+        return self.other.pop(e, default)
+
+    def __contains__(self, e):
+        cdef uint64_t key
+        cdef int64_t value
+        if as_ukey(e, &key) and self.lookup(key, &value):
+            return True
+        return e in self.other
+
+    def __len__(self):
+        return self.used + len(self.other)
+
+    def update(self, pairs):
+        for e, h in pairs:
+            self.set_object(e, h)
+
+    def clear(self):
+        cdef Cell* cells = <Cell*>PyMem_Calloc(MIN_CELLS, sizeof(Cell))
+        if cells == NULL:
+            raise MemoryError()
+        PyMem_Free(self.cells)
+        self.cells, self.capacity, self.shift, self.used = cells, MIN_CELLS, 58, 0
+        self.other.clear()
+
+    def items(self):
+        cdef list out = []
+        cdef Py_ssize_t i
+        for i in range(self.capacity):
+            if self.cells[i].full:
+                out.append((PyLong_FromUnsignedLongLong(self.cells[i].key), PyLong_FromLongLong(self.cells[i].value)))
+        out.extend(self.other.items())
+        return out
+
+    def keys(self):
+        return [k for k, _ in self.items()]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+    def __eq__(self, other):
+        """Equal to a dict or a table with the same entries, as dicts compare."""
+        if isinstance(other, (Translations, dict)):
+            return dict(self.items()) == dict(other.items())
+        return NotImplemented
+
+    def cells_allocated(self):
+        """The table's size in cells (for tests of its growth and shrinking)."""
+        return self.capacity
+
+
+cdef list stored_hashes(Event* e, Reader* r, Batch* batch, Translations ours, object applier, Py_ssize_t size,
+                        Py_ssize_t* skipped):
     """``EventApplier._stored`` after its medium and group test: our hashes of the event's blocks (translations
     updated), or None when they cannot be rebuilt (counted in ``skipped``)."""
     cdef Py_ssize_t count = e.n_hashes
-    cdef Py_ssize_t b, i
-    cdef PyObject* found
-    cdef object parent_obj
+    cdef Py_ssize_t b
     cdef object lora
     cdef Py_hash_t h
-    cdef Py_uhash_t inner
-    cdef Int token
+    cdef int64_t found
     cdef Reader hashes_reader
     cdef list out
     cdef object ours_h
@@ -597,40 +976,32 @@ cdef list stored_hashes(Event* e, Reader* r, dict ours, object applier, Py_ssize
         h = PyLong_AsLongLong(applier._chain_root(lora))
     else:
         r.pos = e.parent_pos
-        parent_obj = hash_object(r)
-        found = PyDict_GetItem(ours, parent_obj)
-        if found == NULL:
+        if not ours.get_at(r, &found):
             skipped[0] += count
             return None
-        h = PyLong_AsLongLong(<object>found)
-    out = [None] * count
-    r.pos = e.tokens_pos
+        h = found
+    out = PyList_New(count)
     hashes_reader = r[0]
     hashes_reader.pos = e.hashes_pos
     for b in range(count):
-        inner = xxprime_5()
-        for i in range(size):
-            if read_int(r, &token) < 0:
-                raise AssertionError("token ids changed between the passes")
-            inner = mix(inner, <Py_uhash_t>(uint_hash(<uint64_t>token.v) if token.big else int_hash(token.v)))
-        h = chain_step(h, finish(inner, size))
+        h = chain_step(h, batch.inner[e.inner_start + b])
         ours_h = PyLong_FromSsize_t(h)
-        out[b] = ours_h
-        PyDict_SetItem(ours, hash_object(&hashes_reader), ours_h)
+        Py_INCREF(ours_h)
+        PyList_SET_ITEM(out, b, ours_h)
+        ours.set_at(&hashes_reader, h)
     return out
 
 
-cdef list removed_hashes(Event* e, Reader* r, dict ours):
+cdef list removed_hashes(Event* e, Reader* r, Translations ours):
     """``EventApplier._removed`` after its medium and group test: our hashes of the blocks we knew (dropped from the
     translations)."""
     cdef list out = []
     cdef Py_ssize_t i
-    cdef object h
+    cdef int64_t h
     r.pos = e.hashes_pos
     for i in range(e.n_hashes):
-        h = ours.pop(hash_object(r), None)
-        if h is not None:
-            out.append(h)
+        if ours.take_at(r, &h):
+            out.append(PyLong_FromLongLong(h))
     return out
 
 
@@ -663,9 +1034,15 @@ cdef bint apply_bytes(object applier, const unsigned char* seq_bytes, const unsi
     r.p = p
     r.pos = 0
     r.end = n
+    if type(applier._ours) is not Translations:  # a plain dict (the pure-Python reference): the Python path
+        return False
     batch.events = NULL
     batch.n_events = 0
     batch.capacity = 0
+    batch.size = size
+    batch.inner = NULL
+    batch.n_inner = 0
+    batch.inner_capacity = 0
     try:
         if read_batch(&r, &batch) < 0:
             return False
@@ -673,6 +1050,7 @@ cdef bint apply_bytes(object applier, const unsigned char* seq_bytes, const unsi
         return True
     finally:
         PyMem_Free(batch.events)
+        PyMem_Free(batch.inner)
 
 
 cdef _apply(object applier, Batch* batch, Reader* r, int64_t seq_c, Py_ssize_t size):
@@ -687,7 +1065,7 @@ cdef _apply(object applier, Batch* batch, Reader* r, int64_t seq_c, Py_ssize_t s
     cdef bint run_stores = False
     cdef bint stores
     cdef Py_ssize_t stored_blocks = 0, removed_blocks = 0, ignored = 0, skipped = 0
-    cdef dict translations
+    cdef Translations translations
     cdef object index = applier.index
     cdef object worker_id = applier.worker_id
     cdef object media = applier.media
@@ -713,7 +1091,7 @@ cdef _apply(object applier, Batch* batch, Reader* r, int64_t seq_c, Py_ssize_t s
                 ignored += 1
                 continue
             if e.kind == STORED:
-                ours = stored_hashes(e, r, translations, applier, size, &skipped)
+                ours = stored_hashes(e, r, batch, translations, applier, size, &skipped)
                 if ours is not None:
                     stored_blocks += len(ours)
                 stores = True

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection, MutableMapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
 from litellm_disagg.engines.base import AllBlocksCleared, BlockRemoved, BlockStored, EngineHash, EventBatch
 from litellm_disagg.routing.kv.block_hash import ROOT, BlockHash, chain_hashes, root_hash
+from litellm_disagg.routing.kv.native import wire as _wire
 from litellm_disagg.routing.kv.prefix_index import PrefixIndex
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,11 @@ GapPolicy = Literal["keep", "clear"]
 
 _adapter_root = lru_cache(maxsize=256)(root_hash)
 """A LoRA adapter's chain root (a blake2b digest: worth keeping, as every sequence under the adapter starts there)."""
+
+_translations: Callable[[], MutableMapping[EngineHash, BlockHash]] = _wire.Translations if _wire is not None else dict
+"""The engine-hash -> router-hash table: ``_kvwire.Translations`` (C integers, dict methods) when the compiled
+KV-event path is built, else a dict (the reference it is tested against; ``apply_message`` leaves an applier with a
+dict to the Python path)."""
 
 
 @dataclass
@@ -70,6 +76,9 @@ class ApplierStats:
 
 
 class EventApplier:
+    _table: Callable[[], MutableMapping[EngineHash, BlockHash]] = _translations
+    """The engine-hash -> router-hash table's type (tests set ``dict``, the reference, on an instance)."""
+
     def __init__(
         self,
         worker_id: str,
@@ -88,7 +97,7 @@ class EventApplier:
         self.kv_group = kv_group
         self.on_gap = on_gap
         self.stats = ApplierStats()
-        self._ours: dict[EngineHash, BlockHash] = {}
+        self._ours: MutableMapping[EngineHash, BlockHash] = self._table()
         self._max_translations = 2 * capacity_blocks + 1024
 
     # -- batches ------------------------------------------------------------------------------------------------------
@@ -248,5 +257,9 @@ class EventApplier:
 
     def _prune_translations(self) -> None:
         """Removals were lost (the table outgrew the cache): keep only what the index still holds for the worker."""
-        holds = self.index.holds
-        self._ours = {e: h for e, h in self._ours.items() if holds(self.worker_id, h)}
+        holds, worker_id = self.index.holds, self.worker_id
+        kept = self._table()
+        for e, h in self._ours.items():
+            if holds(worker_id, h):
+                kept[e] = h
+        self._ours = kept
