@@ -57,7 +57,7 @@ class _FlipOnce:
 
 def test_a_flip_takes_the_flip_delay_and_in_flight_work_finishes():
     arrivals = schedule([Segment("prompt-heavy", 10.0, 6.0)], seed=0)
-    result = Cluster(ClusterConfig(workers=2, flip_delay_s=1.5), _FlipOnce()).run(arrivals)
+    result = Cluster(ClusterConfig(workers=2, flip_delay_s=1.5, first_tick_s=None), _FlipOnce()).run(arrivals)
     assert [(t, m.worker_id, m.role) for t, m in result.moves] == [(1.0, "w0", WorkerRole.DECODE)]
     flipping = [p for p in result.pools if p.flipping]
     assert flipping and flipping[0].t == 1.0
@@ -95,3 +95,24 @@ def test_recovery_is_measured_from_the_shift():
     assert slo.recovery_s(pts, 10.0, 30.0, 0.9) == 10.0
     assert slo.recovery_s(pts, 0.0, 10.0, 0.9) == 0.0
     assert slo.recovery_s(pts[:4], 10.0, 30.0, 0.9) is None
+
+
+class _Recorder(_FlipOnce):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ticks: list[float] = []
+
+    def decide(self, signals, now):
+        self.ticks.append(now)
+        return ()
+
+
+def test_the_planner_steps_with_the_first_arrival_unless_told_to_wait_one_interval():
+    # the product's loop steps at once when it starts: the planner's first sample is the cluster before the load
+    arrivals = schedule([Segment("prompt-heavy", 10.0, 3.0)], seed=0)
+    now = _Recorder()
+    Cluster(ClusterConfig(workers=2), now).run(arrivals)
+    assert now.ticks[:3] == [0.0, 1.0, 2.0]
+    late = _Recorder()
+    Cluster(ClusterConfig(workers=2, first_tick_s=None), late).run(arrivals)
+    assert late.ticks[:2] == [1.0, 2.0]

@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration-s", type=float, default=SearchSettings.duration_s, help="arrivals per goodput probe")
     ap.add_argument("--warmup-s", type=float, default=SearchSettings.warmup_s, help="not counted in attainment")
     ap.add_argument("--tol", type=float, default=SearchSettings.rel_tol, help="goodput bisection's relative tolerance")
+    ap.add_argument("--first-tick-at-interval", action="store_true",
+                    help="the planner's first step one interval after the load starts (the protocol before "
+                         "2026-12-02) instead of with the first arrival")
     args = ap.parse_args(argv)
 
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -51,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         search = SearchSettings(duration_s=45.0, warmup_s=15.0, rel_tol=0.1)
         args.phase_s = min(args.phase_s, 60.0)
     slo = Slo(ttft_s=args.ttft_s, itl_s=args.itl_ms / 1e3)
-    config = ClusterConfig(workers=args.workers)
+    config = ClusterConfig(workers=args.workers, first_tick_s=None if args.first_tick_at_interval else 0.0)
     arm_names = [a.name for a in all_arms(slo, config)]
     started = time.monotonic()
 

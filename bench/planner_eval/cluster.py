@@ -63,6 +63,12 @@ class ClusterConfig:
     signal_window_s: float = 10.0
     """The latency windows the planner sees (requests finished in the last ``signal_window_s``)."""
     seed: int = 0
+    first_tick_s: float | None = 0.0
+    """When the policy's first step comes: 0 (the default since 2026-12-02), with the first arrival: the planner is
+    running when the load arrives and steps at once, as the product's loop does when it starts
+    (``PlannerLoop.run``), so its first queue sample is the empty queue; None, one ``interval_s`` in (the protocol
+    of the figures before that date: the planner's first sample is then already a backlog, and a trend takes a
+    second one)."""
     prefill_side_ttft: bool = False
     """The TTFT window the planner sees: False, each request's TTFT (what ``ModelSignals.ttft`` is defined as);
     True, for disaggregated requests only the prefill's part (arrival to prompt computed on the prefill worker), so
@@ -126,7 +132,8 @@ class Cluster:
         last = arrivals[-1].t if arrivals else 0.0
         end = last + self.config.drain_s
         if self.policy.interval_s > 0:
-            self._push(self.policy.interval_s, _TICK, None)
+            first = self.config.first_tick_s
+            self._push(self.policy.interval_s if first is None else first, _TICK, None)
         self._sample_pools()
         pending = len(arrivals)
         while self._events:

@@ -430,7 +430,8 @@ def splits_back(src: WorkerRole, condition: Condition) -> bool:
 def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settings: PlannerSettings) -> int:
     """How many workers to move this step (module docstring, step 4). ``prefill_bound`` with a measured queue
     trend: the shortfall, ``prefill_needed - pool size`` (the decode side may then fill up to 1.0, not just
-    ``headroom``: that is the layout the demand needs). Otherwise in proportion to how far the pressed side is
+    ``headroom``: that is the layout the demand needs; its capacity terms are scaled both by its smaller pool and by
+    the larger prefill pool's output, which it then receives: a growing queue means the pool computes at full rate). Otherwise in proportion to how far the pressed side is
     over its SLO, ``ceil(pool size x (pressure - 1) / 4)`` (a latency ratio overstates the capacity missing; the next
     step's fresh evidence asks for the rest; fewer when the decode side would lose its headroom), at least 1, at most ``max_moves_per_step``. When the moves go to ``both`` because
     prefill is nearly idle (``low_load``, ``decode_bound`` under ``aggregate_below``), ``max_moves_per_step``: those
@@ -463,8 +464,17 @@ def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settin
     else:
         wanted = max(1, min(cap, math.ceil(max(1, size) * (pressure - 1.0) / 4.0)))
     # a move sized from the measured demand may fill the decode side up to full (1.0): the layout the demand needs
-    limit = 1.0 if condition is Condition.PREFILL_BOUND and p.prefill_needed is not None else settings.headroom
-    while wanted > 1 and source_size - wanted > 0 and source * source_size / (source_size - wanted) >= limit:
+    sized = condition is Condition.PREFILL_BOUND and p.prefill_needed is not None
+    limit = 1.0 if sized else settings.headroom
+
+    def after(k: int) -> float:
+        # the decode side's capacity terms once k of its workers are gone; for a move sized from a growing queue
+        # also once the larger prefill pool's output reaches it (a growing queue means the pool computes at its
+        # full rate, so its output, the decode side's inflow, grows with it)
+        inflow = (size + k) / size if sized and size > 0 else 1.0
+        return source * source_size / (source_size - k) * inflow
+
+    while wanted > 1 and source_size - wanted > 0 and after(wanted) >= limit:
         wanted -= 1
     return wanted
 

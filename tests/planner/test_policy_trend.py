@@ -52,10 +52,11 @@ def split(ps: int, ds: int, pending: dict[str, WorkerRole] | None = None) -> lis
 def test_a_two_worker_shortfall_moves_two_workers_on_the_second_step() -> None:
     # 4 prefill workers at 1,000 tokens/s each; the queue grows 1,000 tokens/s: demand 5,000 tokens/s, plus the
     # 4,000 queued to clear within window_s: 5.4 workers -> 6 needed, 2 short
+    # (decode KV 0.2: two decode workers fewer and the prefill output 1.5x leave it at 0.6, under full)
     planner = Planner(settings())
-    first = planner.step(signals(split(4, 4), queued=2000), now=0)
+    first = planner.step(signals(split(4, 4), queued=2000, kv=0.2), now=0)
     assert first.moves == () and first.decisions[0].condition is Condition.STEADY  # wait 0.5 s: under the SLO
-    step = planner.step(signals(split(4, 4), queued=4000), now=2)
+    step = planner.step(signals(split(4, 4), queued=4000, kv=0.2), now=2)
     d = step.decisions[0]
     assert d.condition is Condition.PREFILL_BOUND and d.pressures.prefill_needed == 6
     assert d.pressures.trend_ratio is not None and d.pressures.trend_ratio > 1.0   # (4,000 + 1,000 x 10) / 4,000
@@ -77,6 +78,20 @@ def test_the_shortfall_is_capped_by_max_moves_and_the_decode_side() -> None:
     assert moves(kv=0.1, cap=2) == 2
     # decode KV at 0.45 (0.5 of full): two moves leave it at 1.0 on 2 workers, so one only
     assert moves(kv=0.45) == 1
+
+
+def test_the_decode_side_is_sized_for_the_larger_prefill_output() -> None:
+    # A load step: the queue empty at the first step, 8,000 tokens at the second (4,000 tokens/s of growth: 9
+    # workers needed, 5 short, 3 allowed per step). The decode side is still filling (KV 0.2 of 0.9: 0.22 of full).
+    # On its own numbers three decode workers could go (0.22 x 4 / 1 = 0.89 of full), but a growing queue means the
+    # prefill pool computes at its full rate, so 7 prefill workers instead of 4 send the decode side 1.75x the
+    # requests: 1.56 of full on one worker. Two moves leave it at 0.22 x 4 / 2 x 6 / 4 = 0.67.
+    planner = Planner(settings())
+    assert planner.step(signals(split(4, 4), queued=0, kv=0.2), now=0).moves == ()
+    step = planner.step(signals(split(4, 4), queued=8000, kv=0.2), now=2)
+    d = step.decisions[0]
+    assert d.condition is Condition.PREFILL_BOUND and d.pressures.prefill_needed == 9
+    assert [(m.from_role, m.to_role) for m in step.moves] == [(D, P), (D, P)]
 
 
 def test_without_a_measured_rate_the_latency_ratio_sizes_the_move() -> None:
@@ -111,8 +126,8 @@ def test_after_a_sized_move_the_draining_backlog_asks_for_nothing_more() -> None
         (2, split(4, 4), 4000, 900),
     ]
     seen = []
-    for now, roles, queued, prefill_ms in script:
-        seen += planner.step(signals(roles, queued, prefill_ms), now).moves
+    for now, roles, queued, prefill_ms in script:  # decode KV 0.2: room for two workers fewer (see the first test)
+        seen += planner.step(signals(roles, queued, prefill_ms, kv=0.2), now).moves
     assert sorted(m.worker_id for m in seen) == ["d0", "d1"]
     after = [(f"p{i}", P, None) for i in range(4)] + [("d0", D, P), ("d1", D, P), ("d2", D, None), ("d3", D, None)]
     moved = [(f"p{i}", P, None) for i in range(4)] + [("d0", P, None), ("d1", P, None), ("d2", D, None),
