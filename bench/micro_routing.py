@@ -17,8 +17,7 @@ What it measures (p50 / p99 over many decisions, one process, no network):
   ``+decision`` (tokenize, then the decision above for both pools, the index holding the first turn's blocks on a
   few workers as their KV events would report); ``--turns`` conversations per prompt size (300: a p99 over fewer is
   close to the maximum). With ``--model-dir`` that model's tokenizer; else the tiny test model if it is on disk, else
-  a small BPE built here. The router turns the ``tokenizers`` thread pool off (``tokenizer.thread_pool``);
-  ``--tokenizers-thread-pool`` leaves it on.
+  a small BPE built here.
 
 Latencies are wall-clock; ``cpu`` is the CPU time of the same calls (the calling thread's; with tokenization, which
 runs in a worker thread, the whole process's), which leaves out the time other processes take the cores: on a
@@ -238,7 +237,6 @@ async def bench_decisions(args: argparse.Namespace) -> None:
                     update={"model_dirs": {"m": str(tok_dir)}, "http_fallback": False}
                 | ({"inline_max_new_chars": 0} if args.tokenize_in_thread else {})
                 | ({"reuse_turns": False} if args.no_turn_reuse else {})
-                | ({"thread_pool": True} if args.tokenizers_thread_pool else {})
                 )
             }
         )
@@ -639,11 +637,6 @@ def main() -> None:
     parser.add_argument("--ingest-blocks", type=int, default=1_000_000, help="block events in the ingestion stream")
     parser.add_argument("--model-dir", help="a model directory whose tokenizer and chat template to time")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--tokenizers-thread-pool",
-        action="store_true",
-        help="leave the tokenizers library's thread pool on (tokenizer.thread_pool true), as before it was turned off",
-    )
     parser.add_argument(
         "--turns",
         type=int,

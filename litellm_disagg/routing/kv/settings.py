@@ -83,13 +83,6 @@ class TokenizerSettings(_Strict):
     """With ``cache_answers``: also keep the rendered conversation, its ids and its block hashes whole
     (``turn_prefix.py``, bounded by ``max_cached_tokens`` again), so that a next turn that starts with it (tokenized
     on the event loop) scans, looks up, joins and hashes only its new messages. The ids are the same either way."""
-    thread_pool: bool = False
-    """Whether the ``tokenizers`` library may encode a batch on its own thread pool (``TOKENIZERS_PARALLELISM``).
-    Off by default: when the variable is unset, the router sets it to ``false`` for the proxy process. After a batch
-    its pool threads keep spinning for a while, and on a proxy's few cores they took the CPU from the event loop: a
-    second turn's tokenization, which encodes one new question on the event loop, cost more with the pool than
-    without it (docs/benchmarks.md, "the tokenizers thread pool"). An operator's own ``TOKENIZERS_PARALLELISM`` is
-    always left as set."""
 
 
 class LoadSettings(_Strict):

@@ -32,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict
@@ -96,8 +95,6 @@ class PromptTokenizer:
         """Remembered turns, shared by every local tokenizer (``turn_prefix.py``; None: not kept)."""
         self.inline_encodes = 0
         """Prompts tokenized on the event loop (their segments cached: ``inline_max_new_chars``), not in a thread."""
-        if not self.settings.thread_pool:
-            sequential_tokenizers()
 
     async def tokenize(
         self,
@@ -288,23 +285,6 @@ def tokenize_body(model: str, endpoint: Endpoint, fields: Mapping[str, Any]) -> 
 
 
 FACTORY_PREFIX = "python:"
-
-
-PARALLELISM_ENV = "TOKENIZERS_PARALLELISM"
-"""Read by the ``tokenizers`` library on every batch call: ``false`` encodes a batch in the calling thread."""
-
-
-def sequential_tokenizers() -> bool:
-    """Turn off the ``tokenizers`` thread pool for this process (``TokenizerSettings.thread_pool``), unless the
-    environment already says what it wants. True when this call set it."""
-    if PARALLELISM_ENV in os.environ:
-        if os.environ[PARALLELISM_ENV].lower() not in ("false", "0", "off", "no"):
-            logger.info("%s=%s from the environment: the tokenizers thread pool stays on", PARALLELISM_ENV,
-                        os.environ[PARALLELISM_ENV])
-        return False
-    os.environ[PARALLELISM_ENV] = "false"
-    logger.info("%s set to false: batches are encoded in the calling thread (tokenizer.thread_pool)", PARALLELISM_ENV)
-    return True
 
 
 def _load(directory: str) -> Any:
