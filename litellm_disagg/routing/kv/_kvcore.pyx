@@ -25,6 +25,7 @@ from cpython.object cimport PyObject, PyObject_Hash
 from cpython.ref cimport Py_INCREF
 from libc.stdint cimport uint64_t, int64_t
 
+from litellm_disagg.routing.kv._int64 cimport as_int64
 from litellm_disagg.routing.kv._tuplehash cimport (
     Py_hash_t, Py_uhash_t, chain_step, finish, int_hash, mix, xxprime_5,
 )
@@ -105,19 +106,6 @@ cdef inline uint64_t mask_of(PyObject* found) except? 0xFFFFFFFFFFFFFFFF:
 
 cdef enum:
     MIN_CAPACITY = 64  # table sizes are powers of two, never below this
-
-cdef inline bint as_key(object h, int64_t* key) except -1:
-    """``h`` as a C key: True for an int in the int64 range (the block hashes ``hash()`` gives), else False (the
-    table keeps any other key in a dict of its own, with the same answers)."""
-    cdef int overflow = 0
-    cdef long long v
-    if not PyLong_Check(h):
-        return False
-    v = PyLong_AsLongLongAndOverflow(h, &overflow)
-    if overflow:
-        return False
-    key[0] = v
-    return True
 
 
 cdef class MaskTable:
@@ -235,7 +223,7 @@ cdef class MaskTable:
     def get(self, h, default=None):
         cdef int64_t key
         cdef uint64_t mask
-        if as_key(h, &key):
+        if as_int64(h, &key):
             mask = self.lookup(key)
             return default if mask == 0 else PyLong_FromUnsignedLongLong(mask)
         return self.other.get(h, default)
@@ -251,7 +239,7 @@ cdef class MaskTable:
         cdef uint64_t m = mask  # OverflowError outside 0..2**64-1
         if m == 0:
             raise ValueError("a MaskTable mask is never 0 (delete the entry instead)")
-        if as_key(h, &key):
+        if as_int64(h, &key):
             self.put(key, m)
         else:
             self.other[h] = mask
@@ -263,7 +251,7 @@ cdef class MaskTable:
     def pop(self, h, default=None):
         cdef int64_t key
         cdef uint64_t mask
-        if as_key(h, &key):
+        if as_int64(h, &key):
             mask = self.lookup(key)
             if mask == 0:
                 return default
@@ -300,7 +288,7 @@ cdef class MaskTable:
 cdef inline uint64_t table_mask(MaskTable table, object h) except? 0xFFFFFFFFFFFFFFFF:
     cdef int64_t key
     cdef PyObject* found
-    if as_key(h, &key):
+    if as_int64(h, &key):
         return table.lookup(key)
     found = PyDict_GetItem(table.other, h)
     return mask_of(found)
@@ -309,7 +297,7 @@ cdef inline uint64_t table_mask(MaskTable table, object h) except? 0xFFFFFFFFFFF
 cdef inline int table_set(MaskTable table, object h, uint64_t mask) except -1:
     """Set (mask not 0) or delete (mask 0) ``h``'s entry."""
     cdef int64_t key
-    if as_key(h, &key):
+    if as_int64(h, &key):
         if mask:
             table.put(key, mask)
         else:

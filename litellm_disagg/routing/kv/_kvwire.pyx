@@ -42,6 +42,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int64_t, uint64_t
 from libc.string cimport memcmp
 
+from litellm_disagg.routing.kv._int64 cimport as_int64
 from litellm_disagg.routing.kv._tuplehash cimport (
     Py_hash_t, Py_uhash_t, chain_step, finish, int_hash, mix, uint_hash, xxprime_5,
 )
@@ -672,19 +673,6 @@ cdef inline bint as_ukey(object e, uint64_t* key) except -1:
     return True
 
 
-cdef inline bint as_value(object h, int64_t* value) except -1:
-    """``h`` as a C value: True for an int in the int64 range (the router's hashes, ``hash()`` values)."""
-    cdef int overflow = 0
-    cdef long long v
-    if not PyLong_Check(h):
-        return False
-    v = PyLong_AsLongLongAndOverflow(h, &overflow)
-    if overflow:
-        return False
-    value[0] = v
-    return True
-
-
 cdef class Translations:
     """An ``EventApplier``'s engine-hash -> router-hash table (``{engine hash: our hash}``) as C integers: open
     addressing with linear probing over cells of a uint64 key and an int64 value, deletion by backward shift, at most
@@ -808,7 +796,7 @@ cdef class Translations:
     cdef int set_object(self, object e, object h) except -1:
         cdef uint64_t key
         cdef int64_t value
-        if as_ukey(e, &key) and as_value(h, &value):
+        if as_ukey(e, &key) and as_int64(h, &value):
             self.put(key, value)
             if self.other:
                 self.other.pop(e, None)
