@@ -223,6 +223,8 @@ async def scrape_decisions(url: str) -> dict[str, float]:
                 out[f"local:{labels.get('reason', '')}"] = out.get(f"local:{labels.get('reason', '')}", 0.0) + sample.value
             if name in ("litellm_disagg_cost_model_tokens_per_second", "litellm_disagg_cost_model_overhead_seconds"):
                 out[f"fit:{name.removeprefix('litellm_disagg_cost_model_')}:{labels.get('phase', '')}"] = sample.value
+            if name == "litellm_disagg_cost_model_decode_time_weight":
+                out[f"fit:decode_time_weight:{labels.get('source', '')}"] = sample.value
     return out
 
 

@@ -37,8 +37,11 @@ litellm_disagg_aggregated_fallbacks_total             counter   model, cause    
 litellm_disagg_prefill_cost_estimate_seconds          histogram model, option             the remote-or-local decision's estimated time to
                                                                                           the prompt computed, per request (option: remote,
                                                                                           local; KV routing's cost model, auto mode)
-litellm_disagg_cost_model_tokens_per_second           gauge     phase                     KV routing's fitted rate (phase: prefill, transfer)
+litellm_disagg_cost_model_tokens_per_second           gauge     phase                     KV routing's fitted rate (phase: prefill, transfer,
+                                                                                          local, remote_tail)
 litellm_disagg_cost_model_overhead_seconds            gauge     phase                     KV routing's fitted fixed cost per call
+litellm_disagg_cost_model_decode_time_weight          gauge     source                    the stall charge's weight in use (source: fitted from
+                                                                                          inter-token gaps, or prior)
 **pools and workers** (refreshed every ``sync_interval_s``)
 litellm_disagg_workers                                gauge     model, role, state        workers discovery lists (state: starting, ready,
                                                                                           draining)
@@ -158,6 +161,9 @@ COST_RATE = Gauge("litellm_disagg_cost_model_tokens_per_second", "KV routing's f
                   multiprocess_mode="livemostrecent")
 COST_OVERHEAD = Gauge("litellm_disagg_cost_model_overhead_seconds", "KV routing's fitted fixed cost per call",
                       ["phase"], multiprocess_mode="livemostrecent")
+COST_STALL_WEIGHT = Gauge("litellm_disagg_cost_model_decode_time_weight",
+                          "KV routing's decode-stall weight in use (fitted from inter-token gaps, or the prior)",
+                          ["source"], multiprocess_mode="livemostrecent")
 
 # -- pools and workers -------------------------------------------------------------------------------------------------
 

@@ -138,9 +138,18 @@ class PoolMetrics:
         ):
             m.KV_INDEX_BLOCKS.labels(kind).set(value)
         estimates = kv.decider.estimates()
-        for phase, line in (("prefill", estimates.prefill), ("transfer", estimates.transfer)):
+        for phase, line in (
+            ("prefill", estimates.prefill), ("transfer", estimates.transfer), ("local", estimates.local),
+            ("remote_tail", estimates.remote_tail),
+        ):
+            if line is None:
+                continue
             m.COST_RATE.labels(phase).set(line.tokens_per_s)
             m.COST_OVERHEAD.labels(phase).set(line.overhead_s)
+        if estimates.decode_time_weight is not None:
+            source = "fitted" if estimates.decode_time_weight_fitted else "prior"
+            m.COST_STALL_WEIGHT.labels(source).set(estimates.decode_time_weight)
+            _drop(m.COST_STALL_WEIGHT, ("prior" if estimates.decode_time_weight_fitted else "fitted",))
         events = kv.event_stats()
         for worker_id, applier in events.items():
             seen_batches, seen_gaps = self._events.get(worker_id, (0, 0))

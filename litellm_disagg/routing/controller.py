@@ -166,6 +166,8 @@ class DisaggController:
         """A decode call on ``worker_id`` (when known) ended: LiteLLM's success or failure event. A worker whose call
         failed for the worker's own reasons cools down."""
         self.request_metrics.finished(call_id)
+        if self.kv is not None:
+            self.kv.decode_watch.ended(call_id)
         ended_on = self.accounting.finish(FlightKey.decode(call_id), worker_id)
         failed_worker = worker_id or ended_on
         if failed and failed_worker is not None and self.pool.get(failed_worker) is not None:
@@ -181,6 +183,8 @@ class DisaggController:
         counting as queued on the worker); with ``last`` (the chunk with a finish reason) the call is over for the
         worker, before LiteLLM's success event (a background task) says so."""
         self.request_metrics.chunk(call_id, last=last)
+        if self.kv is not None:
+            self.kv.decode_watch.chunk(call_id)
         self.releases.started(call_id)
         if last:
             self.finished(call_id)

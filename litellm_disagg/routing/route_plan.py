@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from litellm_disagg.engines import transfer_for
 from litellm_disagg.routing.cooldown import FailureCooldown
-from litellm_disagg.routing.kv.disagg_decision import NO_PREFILL_WORKER, DisaggDecision
+from litellm_disagg.routing.kv.disagg_decision import NO_PREFILL_WORKER, DisaggDecision, DisaggInputs
 from litellm_disagg.routing.pipeline import filters
 from litellm_disagg.routing.pipeline.pipeline import Pipeline
 from litellm_disagg.routing.pipeline.providers import ContextProvider
@@ -59,6 +59,8 @@ class RoutePlan:
     remote_cost_s: float | None = None
     local_cost_s: float | None = None
     """The decision's estimates (KV routing's cost model), when it computed them."""
+    decision_inputs: DisaggInputs | None = None
+    """What the decision priced, when it priced anything (the first-token observation's tokens and backlog)."""
 
     @property
     def local_prefill_tokens(self) -> int:
@@ -135,7 +137,9 @@ class RoutePlanner:
         if not request.splittable:
             return RoutePlan(decode, (), NOT_SPLITTABLE, NOT_SPLITTABLE, **common)  # type: ignore[arg-type]
         decision = self.provider.decide(prompt, decode_selection, prefill_selection)
-        common.update(remote_cost_s=decision.remote_cost_s, local_cost_s=decision.local_cost_s)
+        common.update(
+            remote_cost_s=decision.remote_cost_s, local_cost_s=decision.local_cost_s, decision_inputs=decision.inputs
+        )
         if not decision.remote and prefill_candidates and not serves_alone(decode):
             decision = DisaggDecision(True, DECODE_CANNOT_PREFILL)
         if decision.remote:
@@ -174,5 +178,8 @@ class RoutePlanner:
         selection = self.decode.select(self.provider.context(plan.prompt, others), others)
         return selection.worker or others[0]
 
-    def observe(self, plan: RoutePlan, prefill_worker_id: str | None, prefill_seconds: float | None) -> None:
-        self.provider.observe(plan, prefill_worker_id, prefill_seconds)
+    def observe(
+        self, plan: RoutePlan, prefill_worker_id: str | None, prefill_seconds: float | None, *,
+        call_id: str | None = None,
+    ) -> None:
+        self.provider.observe(plan, prefill_worker_id, prefill_seconds, call_id=call_id)

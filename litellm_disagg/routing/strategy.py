@@ -166,7 +166,7 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
             self._accounting.finish(key)
             self._accounting.start(key, decode.worker_id, prefill_tokens=plan.local_prefill_tokens,
                                    decode_blocks=plan.decode_blocks, pull_tokens=plan.pull_tokens)
-        self._planner.observe(plan, outcome.prefill_worker_id, outcome.prefill_seconds)
+        self._planner.observe(plan, outcome.prefill_worker_id, outcome.prefill_seconds, call_id=call_id)
         if self.requests is not None:
             self.requests.routed(call_id, plan, outcome, started=started, selection_s=selection_s)
         if self.releases is not None:  # a decode that never reads this prefill's KV gets it released

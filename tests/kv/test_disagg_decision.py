@@ -232,3 +232,74 @@ def test_shared_compute_is_a_share_of_the_stall_charged_to_remote():
     assert decider(shared_compute=True).settings.shared_compute == 1.0
     with pytest.raises(ValueError):
         decider(shared_compute=1.5)
+
+
+# -- both paths observed: each request's first token on its decode worker (``first_token.py``) ------------------------
+
+# Measured on 1P+2D vLLM CPU workers: a decode worker holding the document still lacks ~150 tokens; local requests got
+# their first token in 1.5-1.8 s while the unobserved local option was priced from the prefill line alone.
+_WARM = DisaggInputs(prompt_tokens=790, decode_cached_tokens=640, prefill_cached_tokens=640, decode_running=1)
+
+
+def test_without_first_token_observations_the_local_price_is_the_prior_formula() -> None:
+    d = decider()
+    remote, local = d.costs(_WARM)
+    compute = 150 / 10_000.0  # the prior prefill rate, no overhead
+    assert local == pytest.approx(compute + 1.0 * (1 + 1) * compute)
+    assert remote == pytest.approx(0.02 + 150 / 10_000.0 + 0.005 + 150 / 200_000.0)
+    estimates = d.estimates()
+    assert estimates.local == LinearEstimate(0.0, 10_000.0) and estimates.local_observations == 0
+    assert estimates.remote_tail == d.transfer.prior and estimates.remote_tail_observations == 0
+
+
+def test_slow_local_first_tokens_raise_the_local_price_and_switch_the_choice() -> None:
+    """Fed none, the local option keeps the prior; fed slow local prefills, its price follows them and the choice
+    goes remote. Remote observations alone (the only ones before) leave the local price a guess."""
+    unfed, fed = decider(shared_compute=True), decider(shared_compute=True)  # engines on one machine: local first
+    assert not unfed.decide(_WARM).remote and not fed.decide(_WARM).remote
+    for _ in range(10):
+        fed.observe_first_token(local=True, tokens=150, seconds=1.6)
+    remote, local = fed.costs(_WARM)
+    assert local >= 1.6  # its own measured wait, plus the stall charge
+    decision = fed.decide(_WARM)
+    assert decision.remote and decision.remote_cost_s == pytest.approx(remote)
+    # One size observed: the rate stays the prefill line's, the rest is a fixed wait, so a longer prompt costs more.
+    line = fed.estimates().local
+    assert line is not None and line.tokens_per_s == 10_000.0 and line.overhead_s == pytest.approx(1.6 - 0.015)
+    assert not unfed.decide(_WARM).remote  # unchanged: no observation, the prior
+
+
+def test_slow_remote_first_tokens_raise_the_remote_price() -> None:
+    d = decider()
+    cold = DisaggInputs(prompt_tokens=4000)
+    assert d.decide(cold).remote
+    for tokens in (3000, 4000, 5000, 4000):
+        d.observe_first_token(local=False, tokens=tokens, seconds=2.0 + tokens / 200_000.0)
+    remote, local = d.costs(cold)
+    assert remote > 2.0 and not d.decide(cold).remote
+    d.observe_first_token(local=True, tokens=4000, seconds=8.0)  # and a slow local path sends it back
+    assert d.decide(cold).remote
+
+
+def test_first_token_lines_expire_like_the_others() -> None:
+    clock = _Clock()
+    d = DisaggDecider(DisaggDecisionSettings(estimate_ttl_s=60, shared_compute=1.0), clock=clock)
+    d.observe_first_token(local=True, tokens=150, seconds=1.6, queued_tokens=50)
+    d.observe_first_token(local=False, tokens=150, seconds=0.4)
+    assert (d.estimates().local_observations, d.estimates().remote_tail_observations) == (1, 1)
+    assert d.decide(_WARM).remote
+    clock.now += 61
+    assert (d.estimates().local_observations, d.estimates().remote_tail_observations) == (0, 0)
+    assert not d.decide(_WARM).remote
+
+
+def test_one_size_fit_can_keep_the_prior_rate() -> None:
+    prior = LinearEstimate(overhead_s=0.0, tokens_per_s=1000.0)
+    fit = OnlineLinearFit(prior, halflife_observations=50, one_size="overhead")
+    for _ in range(5):
+        fit.observe(100, 0.5)
+    assert fit.estimate() == LinearEstimate(overhead_s=pytest.approx(0.4), tokens_per_s=1000.0)
+    assert fit.estimate(LinearEstimate(0.0, 500.0)) == LinearEstimate(pytest.approx(0.3), 500.0)
+    fast = OnlineLinearFit(prior, halflife_observations=50, one_size="overhead")
+    fast.observe(100, 0.05)  # faster than the prior rate: no overhead, the rate through the observations
+    assert fast.estimate() == LinearEstimate(overhead_s=0.0, tokens_per_s=pytest.approx(2000.0))

@@ -1,15 +1,20 @@
 """Conditional disaggregation: prefill this request on a prefill worker (remote) or on its decode worker (local)?
 
-Pure and deterministic: observations in (``observe_prefill``, ``observe_transfer``), decisions out (``decide``).
+Pure and deterministic: observations in (``observe_prefill``, ``observe_transfer(s)``, ``observe_first_token``,
+``observe_decode_gap``), decisions out (``decide``).
 
 The cost model, in seconds (``rate``, ``overhead`` and the transfer line are fitted online, see below)::
 
     remote = queued prefill tokens on the prefill worker / rate          (wait for its backlog)
            + overhead + tokens the prefill worker lacks / rate          (compute)
-           + transfer(tokens the decode worker lacks)                   (the decode worker pulls only what it lacks)
+           + transfer(tokens the decode worker lacks)                   (the decode worker pulls only what it lacks;
+                                                                         once measured: remote_tail, pull + first step)
            + shared_compute * decode_time_weight * (1 + requests running there) * (tokens the prefill worker lacks / rate)
-    local  = queued local prefill tokens / local rate + tokens the decode worker lacks / local rate
+    local  = local(queued local prefill tokens + tokens the decode worker lacks)   (the request's own wait)
            + decode_time_weight * (1 + requests running there) * (tokens it lacks / local rate)
+
+``local rate`` is the prefill line's rate times ``local_prefill_speed``. ``local(...)`` is that rate with no overhead
+until local prefills are observed, then the line fitted from them (below).
 
 The last line is what disaggregation exists to avoid: while a decode worker prefills, the requests it is decoding
 stall, and the time is taken from the decode pool. Remote wins when ``remote < local``. There is no token threshold:
@@ -35,11 +40,23 @@ NIXL counters, aggregated between two scrapes (``observe_transfers``, fed by the
 the interval, weighted as the requests it stands for, so both estimates forget at the pace of requests.
 ``estimates()`` returns the current lines.
 
-Expiry: observations come only from remote prefills (and their transfers). A line that once looked slow would keep
+Both paths observed (``decode_watch.py``): each request's time from being handed to its decode worker to its first
+streamed token. A local request's is its whole prefill there (queue, compute, first step): the ``local`` line, on
+tokens lacked plus tokens queued there. A remote one's is what follows its remote prefill (pull, first step): the
+``remote_tail`` line, on tokens pulled, which replaces the transfer term once observed. Both keep the rate of the
+line they refine when their observations are of one size (``one_size="overhead"``): what one size shows is a fixed
+wait, not a rate. Before this, only remote prefills were observed: with every request local, the local price stayed a
+prior (measured on real vLLM: 85 ms predicted against 1.5-1.8 s).
+
+The stall charge's weight (``decode_time_weight``) is measured too when ``fit_decode_time_weight``: from the streams'
+inter-token gaps with and without a local prefill on their worker (``stall_fit.py``: ``1 - base gap / gap during a
+prefill``), once enough of each are seen; the configured value is its prior.
+
+Expiry: a remote line is observed only when requests go remote, the local line only when they stay. A line that once looked slow would keep
 every request local, and so unobserved, for good (seen: after a prefill worker's restart, its first slow answer kept
 `up` prefilling on the decode worker). So a line with no new observation for ``estimate_ttl_s`` goes back to its
 prior, which sends the next long prompt remote and measures again: at most one probe per ``estimate_ttl_s`` while
-local prefill really is cheaper.
+local prefill really is cheaper. The first-token lines expire the same way. The stall fit does not expire.
 
 Overrides: ``mode: always`` / ``never``; in ``auto``, ``min_remote_prefill_tokens`` (when set) replaces the cost
 model by a plain threshold on the tokens the decode worker lacks.
@@ -52,8 +69,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from litellm_disagg.routing.kv.settings import DisaggDecisionSettings
+from litellm_disagg.routing.kv.stall_fit import StallFit
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +99,9 @@ class OnlineLinearFit:
 
     - no observation yet: the prior;
     - observations of (nearly) one size, which cannot tell overhead from rate: the prior overhead (or less, if the
-      observations are faster than it) and the rate that puts the line through their weighted mean;
+      observations are faster than it) and the rate that puts the line through their weighted mean; with
+      ``one_size="overhead"``, the prior rate and the overhead that puts the line through the mean instead (for a
+      line whose rate is known from elsewhere and whose observations add a fixed wait: the first-token lines);
     - observations of varied sizes (coefficient of variation of at least ``MIN_SPREAD``): the fitted line (flat when
       size does not matter, through the origin when the fit's overhead would be negative).
     """
@@ -88,8 +109,15 @@ class OnlineLinearFit:
     MIN_SPREAD = 0.1
     MIN_OBSERVATIONS = 3
 
-    def __init__(self, prior: LinearEstimate, *, halflife_observations: float):
+    def __init__(
+        self,
+        prior: LinearEstimate,
+        *,
+        halflife_observations: float,
+        one_size: Literal["rate", "overhead"] = "rate",
+    ):
         self.prior = prior
+        self.one_size = one_size
         self.decay = 0.5 ** (1.0 / halflife_observations)
         self.observations = 0
         self._w = self._x = self._y = self._xx = self._xy = 0.0
@@ -114,9 +142,11 @@ class OnlineLinearFit:
         self.observations = 0
         self._w = self._x = self._y = self._xx = self._xy = 0.0
 
-    def estimate(self) -> LinearEstimate:
+    def estimate(self, prior: LinearEstimate | None = None) -> LinearEstimate:
+        """The current line; ``prior`` replaces ``self.prior`` for this call (a prior that follows another line)."""
+        prior = self.prior if prior is None else prior
         if self.observations == 0:
-            return self.prior
+            return prior
         w = self._w
         mean_x, mean_y = self._x / w, self._y / w
         var_x = max(0.0, self._xx / w - mean_x * mean_x)
@@ -129,9 +159,14 @@ class OnlineLinearFit:
                 slope = max(self._xy / self._xx, _MIN_SECONDS_PER_TOKEN)
                 return LinearEstimate(overhead_s=0.0, tokens_per_s=1.0 / slope)
             return LinearEstimate(overhead_s=intercept, tokens_per_s=1.0 / slope)
-        intercept = min(self.prior.overhead_s, mean_y)
         if mean_x <= 0.0:
-            return LinearEstimate(overhead_s=mean_y, tokens_per_s=self.prior.tokens_per_s)
+            return LinearEstimate(overhead_s=mean_y, tokens_per_s=prior.tokens_per_s)
+        if self.one_size == "overhead":
+            overhead = mean_y - mean_x / prior.tokens_per_s
+            if overhead >= 0.0:
+                return LinearEstimate(overhead_s=overhead, tokens_per_s=prior.tokens_per_s)
+            return LinearEstimate(overhead_s=0.0, tokens_per_s=mean_x / max(mean_y, _MIN_SECONDS_PER_TOKEN))
+        intercept = min(prior.overhead_s, mean_y)
         slope = max((mean_y - intercept) / mean_x, _MIN_SECONDS_PER_TOKEN)
         return LinearEstimate(overhead_s=intercept, tokens_per_s=1.0 / slope)
 
@@ -144,6 +179,15 @@ class DisaggEstimates:
     transfer: LinearEstimate
     prefill_observations: int
     transfer_observations: int
+    local: LinearEstimate | None = None
+    """A local prefill's time to first token on its decode worker (``FIRST_TOKEN_LINES``)."""
+    remote_tail: LinearEstimate | None = None
+    """After a remote prefill, its decode worker's time to first token (pull and first step)."""
+    local_observations: int = 0
+    remote_tail_observations: int = 0
+    decode_time_weight: float | None = None
+    """The stall charge's weight in use: fitted from inter-token gaps (``stall_fit.py``) or the configured prior."""
+    decode_time_weight_fitted: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,6 +214,8 @@ class DisaggDecision:
     reason: str
     remote_cost_s: float | None = None
     local_cost_s: float | None = None
+    inputs: DisaggInputs | None = None
+    """What was priced (the first-token observation of this request needs its tokens and the decode backlog)."""
 
 
 class DisaggDecider:
@@ -186,6 +232,18 @@ class DisaggDecider:
             LinearEstimate(settings.prior_transfer_overhead_s, settings.prior_transfer_tokens_per_s),
             halflife_observations=settings.halflife_observations,
         )
+        # The first-token lines' priors follow the lines above (``costs``): this one is never used as such.
+        placeholder = LinearEstimate(0.0, settings.prior_prefill_tokens_per_s)
+        self.local = OnlineLinearFit(
+            placeholder, halflife_observations=settings.halflife_observations, one_size="overhead"
+        )
+        """A local prefill's time to first token, on (tokens it lacked + tokens queued on its decode worker)."""
+        self.remote_tail = OnlineLinearFit(
+            placeholder, halflife_observations=settings.halflife_observations, one_size="overhead"
+        )
+        """After a remote prefill's response, its decode worker's time to first token, on the tokens it pulled."""
+        self.stall = StallFit(halflife_gaps=settings.stall_halflife_gaps, min_gaps=settings.stall_min_gaps)
+        """Inter-token gaps with and without a local prefill on the worker: ``decode_time_weight`` measured."""
 
     # -- observations (the orchestrator, after each prefill / transfer) -----------------------------------------------
 
@@ -194,6 +252,30 @@ class DisaggDecider:
         minus the prefill worker's cache hit) behind ``queued_tokens`` already waiting there."""
         self.prefill.observe(computed_tokens + queued_tokens, seconds)
         self._observed_at["prefill"] = self._clock()
+
+    def observe_first_token(self, *, local: bool, tokens: int, seconds: float, queued_tokens: int = 0) -> None:
+        """A request's decode worker answered its first token ``seconds`` after the request was sent to it.
+        ``local``: it prefilled ``tokens`` (what it lacked) itself behind ``queued_tokens`` queued there; else the
+        prompt was prefilled remotely and it pulled ``tokens`` (``queued_tokens`` is not used)."""
+        if local:
+            self.local.observe(tokens + queued_tokens, seconds)
+            self._observed_at["local"] = self._clock()
+        else:
+            self.remote_tail.observe(tokens, seconds)
+            self._observed_at["remote_tail"] = self._clock()
+
+    def observe_decode_gap(self, seconds: float, *, during_prefill: bool) -> None:
+        """A running request's inter-token gap; ``during_prefill``: its worker prefilled a prompt meanwhile."""
+        self.stall.observe(seconds, during_prefill=during_prefill)
+
+    def decode_time_weight(self) -> tuple[float, bool]:
+        """The stall charge's weight and whether it is measured (``fit_decode_time_weight`` and enough gaps of both
+        kinds), else the configured ``decode_time_weight``."""
+        if self.settings.fit_decode_time_weight:
+            fitted = self.stall.estimate().weight
+            if fitted is not None:
+                return fitted, True
+        return self.settings.decode_time_weight, False
 
     def observe_transfer(self, tokens: int, seconds: float) -> None:
         """A decode worker pulled ``tokens`` tokens' worth of KV in ``seconds``."""
@@ -220,7 +302,7 @@ class DisaggDecider:
         if ttl is None or not self._observed_at:
             return
         now = self._clock()
-        for name, fit in (("prefill", self.prefill), ("transfer", self.transfer)):
+        for name, fit in self._lines():
             at = self._observed_at.get(name)
             if at is not None and now - at > ttl:
                 del self._observed_at[name]
@@ -229,42 +311,61 @@ class DisaggDecider:
                                 name, now - at, fit.prior)
                 fit.reset()
 
+    def _lines(self) -> tuple[tuple[str, OnlineLinearFit], ...]:
+        return (
+            ("prefill", self.prefill), ("transfer", self.transfer), ("local", self.local),
+            ("remote_tail", self.remote_tail),
+        )
+
     def estimates(self) -> DisaggEstimates:
         self._expire()
+        prefill, transfer = self.prefill.estimate(), self.transfer.estimate()
+        weight, fitted = self.decode_time_weight()
         return DisaggEstimates(
-            prefill=self.prefill.estimate(),
-            transfer=self.transfer.estimate(),
+            decode_time_weight=weight,
+            decode_time_weight_fitted=fitted,
+            prefill=prefill,
+            transfer=transfer,
             prefill_observations=self.prefill.observations,
             transfer_observations=self.transfer.observations,
+            local=self.local.estimate(self._local_prior(prefill)),
+            remote_tail=self.remote_tail.estimate(transfer),
+            local_observations=self.local.observations,
+            remote_tail_observations=self.remote_tail.observations,
         )
+
+    def _local_prior(self, prefill: LinearEstimate) -> LinearEstimate:
+        """Until local prefills are observed: the prefill line's rate at ``local_prefill_speed``, no overhead."""
+        return LinearEstimate(0.0, prefill.tokens_per_s * self.settings.local_prefill_speed)
 
     # -- decision -----------------------------------------------------------------------------------------------------
 
     def decide(self, inputs: DisaggInputs) -> DisaggDecision:
         s = self.settings
         if s.mode == "never":
-            return DisaggDecision(False, "mode never")
+            return DisaggDecision(False, "mode never", inputs=inputs)
         if not inputs.prefill_available:
-            return DisaggDecision(False, NO_PREFILL_WORKER)
+            return DisaggDecision(False, NO_PREFILL_WORKER, inputs=inputs)
         if s.mode == "always":
-            return DisaggDecision(True, "mode always")
+            return DisaggDecision(True, "mode always", inputs=inputs)
         lacking_local = max(0, inputs.prompt_tokens - inputs.decode_cached_tokens)
         if s.min_remote_prefill_tokens is not None:
             remote = lacking_local >= s.min_remote_prefill_tokens
             verdict = ">=" if remote else "<"
             return DisaggDecision(
-                remote, f"override: {lacking_local} uncached tokens {verdict} {s.min_remote_prefill_tokens}"
+                remote, f"override: {lacking_local} uncached tokens {verdict} {s.min_remote_prefill_tokens}",
+                inputs=inputs,
             )
         remote_cost, local_cost = self.costs(inputs)
         shared = f", shared compute {s.shared_compute:g}" if s.shared_compute else ""
         if remote_cost < local_cost:
             return DisaggDecision(
                 True, f"remote {remote_cost * 1e3:.1f} ms < local {local_cost * 1e3:.1f} ms{shared}", remote_cost,
-                local_cost,
+                local_cost, inputs,
             )
         return DisaggDecision(
             False, f"local {local_cost * 1e3:.1f} ms <= remote {remote_cost * 1e3:.1f} ms{shared}", remote_cost,
-            local_cost,
+            local_cost, inputs,
         )
 
     def costs(self, inputs: DisaggInputs) -> tuple[float, float]:
@@ -274,15 +375,17 @@ class DisaggDecider:
         transfer = self.transfer.estimate()
         lacking_remote = max(0, inputs.prompt_tokens - inputs.prefill_cached_tokens)
         lacking_local = max(0, inputs.prompt_tokens - inputs.decode_cached_tokens)
-        remote = (
-            inputs.prefill_queued_tokens / prefill.tokens_per_s
-            + prefill.seconds(lacking_remote)
-            + (transfer.seconds(lacking_local) if lacking_local > 0 else 0.0)
-        )
-        stall_per_second = self.settings.decode_time_weight * (1.0 + max(0.0, inputs.decode_running))
+        remote = inputs.prefill_queued_tokens / prefill.tokens_per_s + prefill.seconds(lacking_remote)
+        if self.remote_tail.observations:  # measured: the pull and the first step on the decode worker
+            remote += self.remote_tail.estimate(transfer).seconds(lacking_local)
+        elif lacking_local > 0:
+            remote += transfer.seconds(lacking_local)
+        stall_per_second = self.decode_time_weight()[0] * (1.0 + max(0.0, inputs.decode_running))
         # The share of the prefill worker's compute taken from the decode workers (same cores / GPU).
         remote += self.settings.shared_compute * stall_per_second * lacking_remote / prefill.tokens_per_s
         local_rate = prefill.tokens_per_s * self.settings.local_prefill_speed
         local_compute = lacking_local / local_rate
-        local = inputs.decode_queued_tokens / local_rate + local_compute + stall_per_second * local_compute
+        # The request's own wait: measured once local prefills are observed (``local``), else compute alone.
+        local_line = self.local.estimate(self._local_prior(prefill))
+        local = local_line.seconds(inputs.decode_queued_tokens + lacking_local) + stall_per_second * local_compute
         return remote, local

@@ -9,6 +9,8 @@ nothing itself::
     decide()     remote or local prefill (DisaggDecider)                                         (no state change)
     observe()    record a plan: predicted / approximate index entries; the remote prefill's measured time
     decider      DisaggDecider; observe_transfers is fed from the scraped NIXL counters
+    decode_watch each request's decode worker timed from the proxy (``decode_watch.py``): the controller reports
+                 streamed chunks; first tokens feed the decider's local and remote-tail lines, gaps its stall fit
 
 Lifecycle: ``sync(pool)`` on every discovery snapshot (adds and removes workers: index slots, one event subscriber
 per worker with ``kv_events_endpoint`` in precise mode, scrape targets); ``start()`` once in the event loop (load
@@ -32,6 +34,7 @@ import zmq.asyncio
 from litellm_disagg.engines import engine_for
 from litellm_disagg.routing.accounting import Accounting
 from litellm_disagg.routing.kv.block_hash import PromptBlocks
+from litellm_disagg.routing.kv.decode_watch import DecodeWatch
 from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, DisaggDecision, DisaggInputs
 from litellm_disagg.routing.kv.event_applier import ApplierStats, EventApplier
 from litellm_disagg.routing.kv.event_subscriber import BadEndpoint, KVEventSubscriber
@@ -83,6 +86,7 @@ class KVRouter:
         self.sessions = LiveSessions(settings.decode.sessions, clock=clock)
         """Prefixes each decode worker served recently (the ``live_sessions`` scorer's input)."""
         self.decider = DisaggDecider(settings.disaggregation)
+        self.decode_watch = DecodeWatch(self.decider, max_age_s=settings.load.inflight_max_age_s, clock=clock)
         self.tokenizer = PromptTokenizer(settings.tokenizer, client=http_client)
         self._tp_sizes: dict[str, int] = {}
         self._models: dict[str, str] = {}
@@ -229,8 +233,20 @@ class KVRouter:
             )
         )
 
-    def observe(self, plan: RoutePlan, prefill_worker_id: str | None, prefill_seconds: float | None) -> None:
-        """Where the prompt's blocks now live (until events confirm it), and what the remote prefill cost."""
+    def observe(
+        self, plan: RoutePlan, prefill_worker_id: str | None, prefill_seconds: float | None, *,
+        call_id: str | None = None,
+    ) -> None:
+        """Where the prompt's blocks now live (until events confirm it), and what the remote prefill cost; with
+        ``call_id``, its stream is timed (``decode_watch``) for the path it took."""
+        if call_id is not None and (inputs := plan.decision_inputs) is not None and inputs.prompt_tokens:
+            self.decode_watch.dispatched(
+                call_id,
+                local=prefill_worker_id is None,
+                tokens=inputs.prompt_tokens - inputs.decode_cached_tokens,
+                queued_tokens=inputs.decode_queued_tokens,
+                worker_id=plan.decode.worker_id,
+            )
         prompt = plan.prompt
         self.routed(prompt, plan.decode)
         if prompt is not None and prompt.num_tokens:

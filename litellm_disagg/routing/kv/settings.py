@@ -114,7 +114,14 @@ class DisaggDecisionSettings(_Strict):
     first NIXL handshake) would otherwise keep every request local, and so unobserved, for good."""
     decode_time_weight: NonNegative = 1.0
     """Cost of one second the decode worker spends prefilling, on top of the request's own wait, per request it
-    delays (the request's decode slot counts as one, plus each running request): time taken from decoding."""
+    delays (the request's decode slot counts as one, plus each running request): time taken from decoding. With
+    ``fit_decode_time_weight``, the prior until measured."""
+    fit_decode_time_weight: bool = True
+    """Measure ``decode_time_weight`` from the streams' inter-token gaps with and without a local prefill on their
+    worker (``stall_fit.py``: ``1 - base gap / gap during a prefill``) once ``stall_min_gaps`` of each are seen."""
+    stall_min_gaps: Annotated[int, Field(ge=1)] = 20
+    stall_halflife_gaps: Positive = 200.0
+    """Older inter-token gaps weigh half as much after this many newer ones of the same kind."""
     local_prefill_speed: Positive = 1.0
     """The decode worker's prefill speed relative to a prefill worker's (1: same hardware and model)."""
     shared_compute: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0

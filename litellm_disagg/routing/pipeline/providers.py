@@ -34,7 +34,11 @@ class ContextProvider(Protocol):
 
     def decide(self, prompt: PromptBlocks | None, decode: Selection, prefill: Selection) -> DisaggDecision: ...
 
-    def observe(self, plan: RoutePlan, prefill_worker_id: str | None, prefill_seconds: float | None) -> None: ...
+    def observe(
+        self, plan: RoutePlan, prefill_worker_id: str | None, prefill_seconds: float | None, *,
+        call_id: str | None = None,
+    ) -> None:
+        """What the plan became: ``call_id`` (LiteLLM's, when known) is now sent to ``plan.decode``."""
 
 
 class LoadProvider:
@@ -54,5 +58,8 @@ class LoadProvider:
             return DisaggDecision(False, NO_PREFILL_WORKER)
         return DisaggDecision(True, "remote prefill whenever a prefill worker is available")
 
-    def observe(self, plan: RoutePlan, prefill_worker_id: str | None, prefill_seconds: float | None) -> None:
+    def observe(
+        self, plan: RoutePlan, prefill_worker_id: str | None, prefill_seconds: float | None, *,
+        call_id: str | None = None,
+    ) -> None:
         return None
