@@ -225,6 +225,8 @@ async def scrape_decisions(url: str) -> dict[str, float]:
                 out[f"fit:{name.removeprefix('litellm_disagg_cost_model_')}:{labels.get('phase', '')}"] = sample.value
             if name == "litellm_disagg_cost_model_decode_time_weight":
                 out[f"fit:decode_time_weight:{labels.get('source', '')}"] = sample.value
+            if name in ("litellm_disagg_cost_model_decode_gap_seconds", "litellm_disagg_cost_model_decode_gaps"):
+                out[f"fit:{name.removeprefix('litellm_disagg_cost_model_')}:{labels.get('kind', '')}"] = sample.value
     return out
 
 

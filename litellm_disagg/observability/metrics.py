@@ -42,6 +42,9 @@ litellm_disagg_cost_model_tokens_per_second           gauge     phase           
 litellm_disagg_cost_model_overhead_seconds            gauge     phase                     KV routing's fitted fixed cost per call
 litellm_disagg_cost_model_decode_time_weight          gauge     source                    the stall charge's weight in use (source: fitted from
                                                                                           inter-token gaps, or prior)
+litellm_disagg_cost_model_decode_gap_seconds          gauge     kind                      the stall fit's mean inter-token gap (kind: base,
+                                                                                          during: a local prefill on the worker)
+litellm_disagg_cost_model_decode_gaps                 gauge     kind                      inter-token gaps the stall fit has seen, per kind
 **pools and workers** (refreshed every ``sync_interval_s``)
 litellm_disagg_workers                                gauge     model, role, state        workers discovery lists (state: starting, ready,
                                                                                           draining)
@@ -164,6 +167,11 @@ COST_OVERHEAD = Gauge("litellm_disagg_cost_model_overhead_seconds", "KV routing'
 COST_STALL_WEIGHT = Gauge("litellm_disagg_cost_model_decode_time_weight",
                           "KV routing's decode-stall weight in use (fitted from inter-token gaps, or the prior)",
                           ["source"], multiprocess_mode="livemostrecent")
+COST_STALL_GAP = Gauge("litellm_disagg_cost_model_decode_gap_seconds",
+                       "The stall fit's mean inter-token gap (during: a local prefill on the worker)", ["kind"],
+                       multiprocess_mode="livemostrecent")
+COST_STALL_GAPS = Gauge("litellm_disagg_cost_model_decode_gaps", "Inter-token gaps the stall fit has seen", ["kind"],
+                        multiprocess_mode="livemostrecent")
 
 # -- pools and workers -------------------------------------------------------------------------------------------------
 

@@ -150,6 +150,12 @@ class PoolMetrics:
             source = "fitted" if estimates.decode_time_weight_fitted else "prior"
             m.COST_STALL_WEIGHT.labels(source).set(estimates.decode_time_weight)
             _drop(m.COST_STALL_WEIGHT, ("prior" if estimates.decode_time_weight_fitted else "fitted",))
+        stall = kv.decider.stall.estimate()
+        for kind, mean, count in (("base", stall.base_gap_s, stall.base_gaps),
+                                  ("during", stall.during_gap_s, stall.during_gaps)):
+            m.COST_STALL_GAPS.labels(kind).set(count)
+            if mean is not None:
+                m.COST_STALL_GAP.labels(kind).set(mean)
         events = kv.event_stats()
         for worker_id, applier in events.items():
             seen_batches, seen_gaps = self._events.get(worker_id, (0, 0))

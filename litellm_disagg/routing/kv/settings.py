@@ -119,7 +119,9 @@ class DisaggDecisionSettings(_Strict):
     fit_decode_time_weight: bool = True
     """Measure ``decode_time_weight`` from the streams' inter-token gaps with and without a local prefill on their
     worker (``stall_fit.py``: ``1 - base gap / gap during a prefill``) once ``stall_min_gaps`` of each are seen."""
-    stall_min_gaps: Annotated[int, Field(ge=1)] = 20
+    stall_min_gaps: Annotated[int, Field(ge=1)] = 10
+    """Gaps of each kind before the measured weight replaces the prior (a 16-request run on real CPU engines sees a
+    few dozen gaps during local prefills)."""
     stall_halflife_gaps: Positive = 200.0
     """Older inter-token gaps weigh half as much after this many newer ones of the same kind."""
     local_prefill_speed: Positive = 1.0

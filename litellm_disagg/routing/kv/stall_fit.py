@@ -49,7 +49,7 @@ class _Ewma:
 
 
 class StallFit:
-    def __init__(self, *, halflife_gaps: float = 200.0, min_gaps: int = 20):
+    def __init__(self, *, halflife_gaps: float = 200.0, min_gaps: int = 10):
         self.min_gaps = min_gaps
         self._decay = 0.5 ** (1.0 / halflife_gaps)
         self._base = _Ewma(self._decay)
