@@ -17,6 +17,8 @@ Who calls what::
                   prefill too, under a key of its own per attempt, so a retry's flight is never ended by an earlier one)
     controller    prefill_done(decode) on a stream's first chunk; finish(decode) on its last chunk and on LiteLLM's
                   success/failure events (the first to arrive ends it; the others find nothing)
+    KVRouter      prefill_done(decode) when the decode worker's KV events show the prompt's last full block
+                  (``routing/kv/prefill_seen.py``; precise mode): a non-streamed call has no first chunk
 
 Entries expire after ``max_age_s``, so a lost completion event can never pin a worker as busy.
 """

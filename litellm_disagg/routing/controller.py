@@ -16,6 +16,7 @@ import logging
 import random
 from typing import TYPE_CHECKING, Any
 
+from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.http_client import pooled_client
 from litellm_disagg.observability.pool_metrics import PoolMetrics
 from litellm_disagg.observability.requests import RequestMetrics
@@ -36,7 +37,6 @@ from litellm_disagg.routing.worker_auth import load_worker_key
 from litellm_disagg.runtime_config import RuntimeConfig
 from litellm_disagg.settings import DisaggSettings
 from litellm_disagg.transfer.prefill import PrefillClient
-from litellm_disagg.discovery.registry import Registry
 
 if TYPE_CHECKING:
     from litellm_disagg.observability.tracing import RequestTracing
@@ -168,6 +168,7 @@ class DisaggController:
         self.request_metrics.finished(call_id)
         if self.kv is not None:
             self.kv.decode_watch.ended(call_id)
+            self.kv.prefill_seen.ended(call_id)
         ended_on = self.accounting.finish(FlightKey.decode(call_id), worker_id)
         failed_worker = worker_id or ended_on
         if failed and failed_worker is not None and self.pool.get(failed_worker) is not None:
@@ -185,6 +186,7 @@ class DisaggController:
         self.request_metrics.chunk(call_id, last=last)
         if self.kv is not None:
             self.kv.decode_watch.chunk(call_id)
+            self.kv.prefill_seen.ended(call_id)  # its stream says the prefill is over: no need to see it in events
         self.releases.started(call_id)
         if last:
             self.finished(call_id)

@@ -13,6 +13,9 @@ proxy sees them::
   (``DisaggDecider.observe_first_token``): for a local request, its whole prefill there (queue, compute, first
   step); for a remote one, what follows the remote prefill (the pull and the first step). A non-streamed request is
   not observed.
+- **Prefill over in events** (``prefill_over``, from ``prefill_seen.py``): a local request whose worker's KV events
+  show its prompt's last block stops marking the worker as prefilling then, not at its first chunk (a non-streamed
+  request: not at its end).
 - **Inter-token gaps** of the streams that follow (``DisaggDecider.observe_decode_gap``), each marked by whether its
   worker was prefilling a prompt locally at any time within the gap (a local request dispatched there and not yet
   at its first token). ``stall_fit.py`` turns them into ``decode_time_weight``.
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 
@@ -46,6 +49,8 @@ class Dispatched:
     """Local: prompt tokens queued for prefill on the decode worker when it was chosen."""
     worker_id: str | None
     at: float
+    prefill_over: bool = False
+    """Its prefill was seen over in the worker's KV events before any chunk (``prefill_over``)."""
 
 
 @dataclass(slots=True)
@@ -113,6 +118,16 @@ class DecodeWatch:
             local=entry.local, tokens=entry.tokens, seconds=seconds, queued_tokens=entry.queued_tokens
         )
 
+    def prefill_over(self, call_id: str) -> None:
+        """The call's prefill was seen over in its worker's KV events (``prefill_seen.py``), before any chunk: a local
+        one stops marking its worker as prefilling (a non-streamed call, which has no chunk, until its end). Its
+        first chunk, if it streams, is still timed."""
+        entry = self._pending.get(call_id)
+        if entry is None or entry.prefill_over:
+            return
+        self._prefill_done(entry, self._clock())
+        self._pending[call_id] = replace(entry, prefill_over=True)
+
     def ended(self, call_id: str) -> None:
         """The call ended: nothing more to observe (a non-streamed one had nothing)."""
         self._drop(call_id, self._clock())
@@ -125,7 +140,7 @@ class DecodeWatch:
 
     def _prefill_done(self, entry: Dispatched, now: float) -> None:
         worker = entry.worker_id
-        if not entry.local or worker is None:
+        if not entry.local or worker is None or entry.prefill_over:
             return
         left = self._prefilling.get(worker, 0) - 1
         if left > 0:

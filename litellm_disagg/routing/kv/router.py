@@ -11,6 +11,8 @@ nothing itself::
     decider      DisaggDecider; observe_transfers is fed from the scraped NIXL counters
     decode_watch each request's decode worker timed from the proxy (``decode_watch.py``): the controller reports
                  streamed chunks; first tokens feed the decider's local and remote-tail lines, gaps its stall fit
+    prefill_seen a request's prefill seen over in its decode worker's KV events (``prefill_seen.py``): its prompt
+                 stops counting as queued there, streamed or not (polled every ``PREFILL_POLL_S``)
 
 Lifecycle: ``sync(pool)`` on every discovery snapshot (adds and removes workers: index slots, one event subscriber
 per worker with ``kv_events_endpoint`` in precise mode, scrape targets); ``start()`` once in the event loop (load
@@ -32,7 +34,7 @@ import httpx
 import zmq.asyncio
 
 from litellm_disagg.engines import engine_for
-from litellm_disagg.routing.accounting import Accounting
+from litellm_disagg.routing.accounting import Accounting, FlightKey
 from litellm_disagg.routing.kv.block_hash import PromptBlocks
 from litellm_disagg.routing.kv.decode_watch import DecodeWatch
 from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, DisaggDecision, DisaggInputs
@@ -41,6 +43,7 @@ from litellm_disagg.routing.kv.event_subscriber import BadEndpoint, KVEventSubsc
 from litellm_disagg.routing.kv.in_flight_prefix import usable_now
 from litellm_disagg.routing.kv.live_sessions import LiveSessions
 from litellm_disagg.routing.kv.load_scraper import LoadScraper, TransferSample
+from litellm_disagg.routing.kv.prefill_seen import PrefillSeen
 from litellm_disagg.routing.kv.prefix_index import IndexStats, PrefixIndex
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
 from litellm_disagg.routing.kv.tokenizer import PromptTokenizer
@@ -57,6 +60,9 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_CAPACITY_BLOCKS = 65_536
 """Index bound for a worker that publishes no KV capacity (``kv_capacity_blocks`` 0)."""
+
+PREFILL_POLL_S = 0.05
+"""How often the calls awaiting their prefill's last block are checked against the index (``prefill_seen.py``)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,8 @@ class KVRouter:
         """Prefixes each decode worker served recently (the ``live_sessions`` scorer's input)."""
         self.decider = DisaggDecider(settings.disaggregation)
         self.decode_watch = DecodeWatch(self.decider, max_age_s=settings.load.inflight_max_age_s, clock=clock)
+        self.prefill_seen = PrefillSeen()
+        """Calls whose prefill ends when their decode worker's events show the prompt's last block."""
         self.tokenizer = PromptTokenizer(settings.tokenizer, client=http_client)
         self._tp_sizes: dict[str, int] = {}
         self._models: dict[str, str] = {}
@@ -119,6 +127,7 @@ class KVRouter:
             subscriber.start()
         self.scraper.start()
         self._spawn(self._maintain(), "kv-index-maintenance")
+        self._spawn(self._watch_prefills(), "kv-prefill-seen")
 
     async def stop(self) -> None:
         self._started = False
@@ -248,6 +257,9 @@ class KVRouter:
                 worker_id=plan.decode.worker_id,
             )
         prompt = plan.prompt
+        if call_id is not None and prompt is not None and self.index.is_precise(plan.decode.worker_id):
+            hashes = prompt.hashes(plan.decode.block_size)
+            self.prefill_seen.sent(call_id, plan.decode.worker_id, hashes[-1] if hashes else None, self.index.holds)
         self.routed(prompt, plan.decode)
         if prompt is not None and prompt.num_tokens:
             self.sessions.routed(plan.decode.worker_id, prompt.hashes(plan.decode.block_size))
@@ -259,6 +271,16 @@ class KVRouter:
         if prefill_seconds is not None:
             computed = prompt.num_tokens - plan.cached_tokens.get(prefill_worker_id, 0)
             self.decider.observe_prefill(max(computed, 1), prefill_seconds)
+
+    def prefills_seen(self) -> list[str]:
+        """The calls whose decode worker now holds their prompt's last block: their prefill is over there, so their
+        prompt stops counting as queued or in transfer (``Accounting.prefill_done``) and a local one as prefilling
+        (``DecodeWatch.prefill_over``). Called every ``PREFILL_POLL_S``; returns the calls."""
+        done = self.prefill_seen.done(self.index.holds)
+        for call_id in done:
+            self.accounting.prefill_done(FlightKey.decode(call_id))
+            self.decode_watch.prefill_over(call_id)
+        return done
 
     def routed(self, prompt: PromptBlocks | None, worker: RuntimeConfig) -> None:
         """A request with this prompt was sent to ``worker`` (its prefill or decode): until the worker's events
@@ -322,6 +344,7 @@ class KVRouter:
     def _forget(self, worker_id: str) -> None:
         self._indexed.pop(worker_id, None)
         self.sessions.forget(worker_id)
+        self.prefill_seen.forget(worker_id)
         self.index.remove_worker(worker_id)
         subscriber = self._subscribers.pop(worker_id, None)
         if subscriber is None:
@@ -359,3 +382,13 @@ class KVRouter:
                 self.index.maintain(max_items=budget)
             except Exception:  # maintenance must never stop
                 logger.exception("prefix index maintenance failed")
+
+    async def _watch_prefills(self) -> None:
+        while True:
+            await asyncio.sleep(PREFILL_POLL_S)
+            if not len(self.prefill_seen):
+                continue
+            try:
+                self.prefills_seen()
+            except Exception:  # a bookkeeping error must never stop the watch
+                logger.exception("checking prefills against KV events failed")
