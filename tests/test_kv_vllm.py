@@ -103,6 +103,39 @@ async def test_repeated_prefix_goes_to_the_worker_holding_it(workers, tiny_model
         await plugin.detach()
 
 
+async def test_a_non_streamed_prompt_stops_counting_as_queued_before_its_answer(workers, tiny_model):
+    """A non-streamed call has no first chunk to say its prefill is over: the engine's own BlockStored event for the
+    prompt's last full block does (``prefill_seen.py``), while the call is still generating."""
+    registry, procs = workers
+    plugin, router, controller = await kv_router(registry, tiny_model)
+    try:
+        for _ in range(100):
+            if len(controller.pool.decode_candidates("tiny")) == 2:
+                break
+            await asyncio.sleep(0.1)
+        data = {"model": "tiny", "stream": False, "temperature": 0, "max_tokens": 300,
+                "messages": [{"role": "system", "content": "A manual never seen before by either engine. " + SYSTEM},
+                             {"role": "user", "content": "recite it"}],
+                "extra_body": {"min_tokens": 300, "ignore_eos": True}}
+        await plugin.async_pre_call_hook(None, None, data, "acompletion")
+        call = asyncio.create_task(router.acompletion(**data))
+        queued_then_not: list[tuple[str, int, int]] = []
+        while not call.done():
+            for p in procs:
+                if controller.accounting.requests(p.worker_id):
+                    queued_then_not.append((p.worker_id, controller.accounting.requests(p.worker_id),
+                                            controller.accounting.prefill_tokens(p.worker_id)))
+            await asyncio.sleep(0.01)
+        response = await call
+        assert response.usage.completion_tokens == 300
+        assert queued_then_not and queued_then_not[0][2] > 0  # sent: its prompt queued for prefill there
+        # ... and while it was still generating, its prompt stopped counting as queued.
+        assert any(inflight == 1 and queued == 0 for _, inflight, queued in queued_then_not), queued_then_not[::20]
+        assert controller.kv.prefill_seen.seen >= 1
+    finally:
+        await plugin.detach()
+
+
 async def test_a_cleared_cache_and_a_departed_worker_leave_the_index(workers, tiny_model):
     # Runs last in this module: it stops one of the module's workers.
     registry, procs = workers
