@@ -17,7 +17,6 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from litellm_disagg.discovery.registry import Registry
-from litellm_disagg.http_client import pooled_client
 from litellm_disagg.observability.pool_metrics import PoolMetrics
 from litellm_disagg.observability.requests import RequestMetrics
 from litellm_disagg.routing import deployments
@@ -80,13 +79,11 @@ class DisaggController:
         if kv_settings.enabled:
             from litellm_disagg.routing.kv.router import KVRouter  # ZMQ and tokenizers only when KV routing is on
 
-            # With a worker key, one client that carries it for the load scraper and the /tokenize fallback.
-            keyed = (
-                pooled_client(timeout=5.0, max_connections=256, max_keepalive_connections=128, headers=self.worker_key.headers())
-                if self.worker_key
-                else None
+            # The worker key goes with the load scraper's pages (its own aiohttp session: a quarter of httpx's CPU per
+            # page) and the /tokenize fallback's requests.
+            self.kv = provider = KVRouter(
+                kv_settings, accounting=self.accounting, worker_headers=self.worker_key.headers() if self.worker_key else None
             )
-            self.kv = provider = KVRouter(kv_settings, accounting=self.accounting, http_client=keyed)
             prefill_profile, decode_profile = kv_settings.prefill, kv_settings.decode
         else:
             provider = LoadProvider(self.accounting)

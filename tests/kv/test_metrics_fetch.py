@@ -99,3 +99,62 @@ async def test_an_injected_httpx_client_asks_for_an_uncompressed_page() -> None:
     await scraper.stop()
     assert seen == ["identity"] and not client.is_closed  # the caller's client stays open
     await client.aclose()
+
+
+async def test_a_worker_key_keeps_the_scraper_on_aiohttp_and_reaches_tokenize(
+    server: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With a worker key the proxy used to hand the KV router one keyed httpx client, so the scraper fell back to
+    # httpx (four times aiohttp's CPU per page). The key now goes to the scraper's own session and to the tokenizer's
+    # /tokenize fallback client.
+    from unittest.mock import MagicMock
+
+    from aiohttp import web as _web
+
+    from litellm_disagg.engines.base import Endpoint
+    from litellm_disagg.routing.controller import DisaggController
+    from litellm_disagg.settings import DisaggSettings
+
+    monkeypatch.setenv("LITELLM_DISAGG_WORKER_API_KEY", "worker-key")
+    settings = DisaggSettings(kv_routing={"enabled": True, "tokenizer": {"http_fallback": True}})
+    controller = DisaggController(MagicMock(), settings, MagicMock())
+    assert controller.worker_key
+    kv = controller.kv
+    assert kv is not None
+    tokenize_seen: list[dict[str, str]] = []
+
+    async def tokenize(request: _web.Request) -> _web.Response:
+        tokenize_seen.append(dict(request.headers))
+        return _web.json_response({"tokens": [1, 2, 3]})
+
+    app = _web.Application()
+    app.router.add_post("/tokenize", tokenize)
+    runner = _web.AppRunner(app)
+    await runner.setup()
+    site = _web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    tokenize_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+    sent_by_httpx: list[str] = []
+    real_send = httpx.AsyncClient.send
+
+    async def tracking_send(self: httpx.AsyncClient, request: httpx.Request, **kwargs: object) -> httpx.Response:
+        sent_by_httpx.append(str(request.url))
+        return await real_send(self, request, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(httpx.AsyncClient, "send", tracking_send)
+    try:
+        kv.scraper.set_targets({"w": server.url})
+        await kv.scraper.scrape_once()
+        assert not kv.scraper.get("w").stale
+        assert server.seen[-1]["Authorization"] == "Bearer worker-key"
+        assert not any(url.endswith("/metrics") for url in sent_by_httpx)  # the page came through aiohttp
+        ids = await kv.tokenizer.tokenize(
+            model="m", endpoint=Endpoint.CHAT, fields={"messages": [{"role": "user", "content": "hi"}]},
+            worker_url=tokenize_url,
+        )
+        assert ids == [1, 2, 3]
+        assert tokenize_seen[-1]["Authorization"] == "Bearer worker-key"
+    finally:
+        await kv.stop()
+        await runner.cleanup()

@@ -82,8 +82,12 @@ class KVRouter:
         *,
         accounting: Accounting | None = None,
         http_client: httpx.AsyncClient | None = None,
+        worker_headers: Mapping[str, str] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
+        """``http_client``: the client for the load scraper and the tokenizer's ``/tokenize`` fallback (tests' mock
+        transports); without one, each uses its own (the scraper aiohttp's: a quarter of httpx's CPU per page), both
+        sending ``worker_headers`` (the worker key) to the workers."""
         self.settings = settings
         self.accounting = (
             accounting if accounting is not None else Accounting(max_age_s=settings.load.inflight_max_age_s, clock=clock)
@@ -95,7 +99,7 @@ class KVRouter:
         self.decode_watch = DecodeWatch(self.decider, max_age_s=settings.load.inflight_max_age_s, clock=clock)
         self.prefill_seen = PrefillSeen()
         """Calls whose prefill ends when their decode worker's events show the prompt's last block."""
-        self.tokenizer = PromptTokenizer(settings.tokenizer, client=http_client)
+        self.tokenizer = PromptTokenizer(settings.tokenizer, client=http_client, headers=worker_headers)
         self._tp_sizes: dict[str, int] = {}
         self._models: dict[str, str] = {}
         """Each worker's served model, for ``answered``."""
@@ -106,6 +110,7 @@ class KVRouter:
             timeout_s=settings.load.scrape_timeout_s,
             stale_after_s=settings.load.stale_after_s,
             client=http_client,
+            headers=worker_headers,
             clock=clock,
             on_transfers=self._transfers_measured,
         )

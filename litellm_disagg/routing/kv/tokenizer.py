@@ -76,9 +76,18 @@ class _Loaded:
 
 
 class PromptTokenizer:
-    def __init__(self, settings: TokenizerSettings | None = None, *, client: httpx.AsyncClient | None = None):
+    def __init__(
+        self,
+        settings: TokenizerSettings | None = None,
+        *,
+        client: httpx.AsyncClient | None = None,
+        headers: Mapping[str, str] | None = None,
+    ):
+        """``client``: the caller's, for the ``/tokenize`` fallback (not closed here); without one, an own client
+        created on first use, sending ``headers`` (a worker key)."""
         self.settings = settings or TokenizerSettings()
         self._client = client
+        self._headers = dict(headers or {})
         self._own_client = client is None
         self._loaded: OrderedDict[str, _Loaded] = OrderedDict()
         self._failed: dict[str, float] = {}
@@ -264,7 +273,10 @@ class PromptTokenizer:
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
             self._client = pooled_client(
-                timeout=self.settings.timeout_s, max_connections=256, max_keepalive_connections=64
+                timeout=self.settings.timeout_s,
+                max_connections=256,
+                max_keepalive_connections=64,
+                headers=self._headers or None,
             )
         return self._client
 
