@@ -82,9 +82,11 @@ How it decides, per served model, at every step:
    (3.) after a move toward prefill or a ``low_load`` move (its samples postdate that move's flips). A ``both``
    worker split back (``mixing_costly``, ``prefill_bound``) skips its cooldown (``splits_back``: it went to ``both``
    under ``aggregate_below`` and leaves on a pressure over 1, that band is the hysteresis; the move back to ``both``
-   keeps its cooldown). For ``window_s`` after ``mixing_costly`` split the last ``both`` worker, the ITL window
-   holds the mixed layout's requests and is left out of the decode pressure (``without_itl``). Moves per step:
-   ``wanted_moves``
+   keeps its cooldown), except a ``mixing_costly`` split of a worker whose move into ``both`` was a ``decode_bound``
+   one: the decode side asked for it, and taking it back on the ITL inside the cooldown is the flip-flop the
+   cooldown exists to stop (bursts: each burst split back what each quiet period had moved).
+   For ``window_s`` after ``mixing_costly`` split the last ``both`` worker, the ITL window holds the mixed layout's
+   requests and is left out of the decode pressure (``without_itl``). Moves per step: ``wanted_moves``
    (``prefill_bound`` with a measured trend: the shortfall, workers needed by the demand minus the pool; otherwise
    in proportion to how far the pressed side is over its SLO; all up to ``max_moves_per_step`` when idle prefill
    workers go to ``both``, and every ``both`` worker for ``mixing_costly``: each of them mixes). Among candidates the
@@ -259,6 +261,8 @@ class _State:
     models: dict[str, _ModelState] = field(default_factory=dict)
     last_move: dict[str, float] = field(default_factory=dict)
     """worker id -> time of its last move (for the cooldown)."""
+    moved_for: dict[str, Condition] = field(default_factory=dict)
+    """worker id -> the condition of its last move, while its cooldown runs (``splits_back``)."""
 
 
 def pressures(model: ModelSignals, settings: PlannerSettings, trend: QueueTrend | None = None) -> Pressures:
@@ -418,13 +422,28 @@ def split_routes(p: Pressures, model: ModelSignals, settings: PlannerSettings) -
     return [(WorkerRole.BOTH, WorkerRole.DECODE)]
 
 
-def splits_back(src: WorkerRole, condition: Condition) -> bool:
-    """Whether a move out of ``both`` for ``condition`` may skip the cooldown: a ``both`` worker was moved there
-    with both pressures under ``aggregate_below`` (or prefill under it), and it is split back only on a side over
-    its SLO (``mixing_costly``: the ITL; ``prefill_bound``: prefill). That band is the hysteresis; the cooldown would
-    only keep a layout the signals already refute (a ramp whose light first seconds sent prefill workers to
-    ``both``). It cannot flap: the move back into ``both`` keeps its cooldown."""
-    return src is WorkerRole.BOTH and condition in (Condition.MIXING_COSTLY, Condition.PREFILL_BOUND)
+_UNNEEDED = (Condition.LOW_LOAD, Condition.TRANSFER_COSTLY)
+"""Conditions whose moves to ``both`` no side needed: both sides had headroom, the move only stopped paying for a
+disaggregation that did not pay."""
+
+
+def splits_back(src: WorkerRole, condition: Condition, moved_for: Condition | None = None) -> bool:
+    """Whether a move out of ``both`` for ``condition`` may skip the cooldown. ``moved_for``: the condition of the
+    worker's own move into ``both`` while its cooldown runs (None: not known, or the cooldown is over).
+
+    ``prefill_bound`` (prefill over its SLO): always. ``mixing_costly`` (the ITL over its SLO from mixed steps):
+    only when no side needed the move into ``both`` (``low_load``, ``transfer_costly``, or not known): that move
+    was taken with both sides under ``headroom`` (``low_load``: under ``aggregate_below``), and it is split back on
+    a side over its SLO, so that band is the hysteresis and the cooldown would only keep a layout the signals
+    already refute (a ramp whose light first seconds sent prefill workers to ``both``). A move into ``both`` for ``decode_bound`` relieved a decode side
+    near its SLO; splitting it back on the ITL trades that side's capacity back for fewer mixed steps, a reversal on
+    the same side's evidence, so it keeps its cooldown (on bursts every burst's ITL split the quiet period's moves
+    back, once per burst period). The move back into ``both`` always keeps its cooldown."""
+    if src is not WorkerRole.BOTH:
+        return False
+    if condition is Condition.PREFILL_BOUND:
+        return True
+    return condition is Condition.MIXING_COSTLY and (moved_for is None or moved_for in _UNNEEDED)
 
 
 def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settings: PlannerSettings) -> int:
@@ -500,6 +519,7 @@ class Planner:
         """Decide for every model in ``signals``. ``now`` is any monotonic clock in seconds (simulated or real)."""
         cooldown = self._settings.cooldown_s
         self._state.last_move = {w: t for w, t in self._state.last_move.items() if now - t < cooldown}
+        self._state.moved_for = {w: c for w, c in self._state.moved_for.items() if w in self._state.last_move}
         seen = {m.model for m in signals.models}
         self._state.models = {k: v for k, v in self._state.models.items() if k in seen}
         return PlannerStep(now, tuple(self._decide(model, now) for model in signals.models))
@@ -574,11 +594,13 @@ class Planner:
                     continue
                 any_candidate = True
                 last = self._state.last_move.get(worker.worker_id)
-                if last is not None and now - last < s.cooldown_s and not splits_back(src, condition):
+                moved_for = self._state.moved_for.get(worker.worker_id)
+                if last is not None and now - last < s.cooldown_s and not splits_back(src, condition, moved_for):
                     blocked.add("cooldown")
                     continue
                 moves.append(RoleMove(worker.worker_id, model.model, src, dst, condition))
                 self._state.last_move[worker.worker_id] = now
+                self._state.moved_for[worker.worker_id] = condition
                 layout = after
         held = None if moves else ("no movable worker: " + ",".join(sorted(blocked)) if blocked
                                    else "no movable worker")

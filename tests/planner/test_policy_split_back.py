@@ -157,3 +157,29 @@ def test_the_itl_window_of_the_mixed_layout_does_not_block_the_split_layout() ->
     # once the window postdates the split, the ITL counts again
     later = planner.step(signals(roles, prefill_ms=500, itl_ms=60), now=30).decisions[0]
     assert later.pressures.itl_ratio == 1.5
+
+
+def test_a_burst_does_not_split_back_what_the_decode_side_asked_for_inside_its_cooldown() -> None:
+    # bursts (docs/planner-evaluation.md, "Bursts: no split back inside the cooldown"): between two bursts prefill is
+    # nearly idle while the ITL nears its SLO on 6P2D, so three idle prefill workers join the decode side as both
+    # (decode_bound). The next burst's mixed steps push the ITL window over its SLO: mixing_costly. Before the fix
+    # it split them back at once (t = 28 s, inside their cooldown), and the next quiet period moved them to both
+    # again: a flip-flop with the burst period. A move into both that the decode side asked for keeps its cooldown.
+    planner = Planner(settings())
+    roles = {**{f"p{i}": P for i in range(6)}, "d0": D, "d1": D}
+    quiet = {"prefill_ms": 190, "itl_ms": 35.6}   # prefill 0.19 (< aggregate_below), ITL 0.89 (>= headroom)
+    assert planner.step(signals(roles, **quiet), now=16).moves == ()
+    step = planner.step(signals(roles, **quiet), now=18)
+    assert step.decisions[0].condition is Condition.DECODE_BOUND
+    assert [(m.worker_id, m.from_role, m.to_role) for m in step.moves] == [(w, P, B) for w in ("p0", "p1", "p2")]
+    roles = applied(roles, step.moves)
+    seen: list[tuple[float, str, WorkerRole, WorkerRole]] = []
+    for now in range(20, 40, 2):
+        step = planner.step(signals(roles, prefill_ms=700, itl_ms=42), now=now)   # the burst: busy, ITL 1.05
+        assert step.decisions[0].condition is Condition.MIXING_COSTLY
+        if 28 <= now < 38:   # past the settling window, inside the cooldown
+            assert step.moves == () and step.decisions[0].held == "no movable worker: cooldown"
+        seen += [(now, m.worker_id, m.from_role, m.to_role) for m in step.moves]
+        roles = applied(roles, step.moves)
+    # the cooldown over (20 s after the move), a breach that outlasted it splits them back
+    assert seen == [(38, w, B, P) for w in ("p0", "p1", "p2")]
