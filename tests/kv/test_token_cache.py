@@ -18,6 +18,7 @@ from litellm_disagg.engines.base import Endpoint
 from litellm_disagg.routing.kv.settings import TokenizerSettings
 from litellm_disagg.routing.kv.token_cache import SegmentEncoder, TokenCache
 from litellm_disagg.routing.kv.tokenizer import PromptTokenizer
+from litellm_disagg.sized_lru import MAX_DEFERRED
 
 CHATML = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
@@ -241,6 +242,27 @@ def test_token_cache_is_a_bounded_lru() -> None:
     assert cache.tokens == 0 and len(cache) == 0
     with pytest.raises(ValueError):
         TokenCache(0)
+
+
+def test_evicted_ids_are_freed_off_the_put_that_evicts_them() -> None:
+    # A next turn tokenized on the event loop puts its question's ids; the segment that put evicts (an 8k-token
+    # conversation: ~50 us of decrefs) is freed later, by release_dropped from a worker thread's encode.
+    freed: list[bool] = []
+
+    class Ids(tuple):  # a tuple that says when it is freed  # noqa: SLOT001
+        def __del__(self) -> None:
+            freed.append(True)
+
+    cache = TokenCache(10)
+    cache.put(1, "conversation", Ids(range(8)))
+    cache.put(1, "question", (1, 2, 3))  # 11 tokens: the conversation is evicted ...
+    assert cache.get_many(1, ["conversation"]) == [None] and cache.stats.evicted == 1
+    assert not freed  # ... but not freed by this put
+    assert cache.release_dropped() == 1
+    assert freed == [True]
+    for i in range(MAX_DEFERRED + 5):  # never released: the deferred values stay bounded
+        cache.put(1, f"s{i}", (i,) * 10)
+    assert len(cache._lru.dropped) <= MAX_DEFERRED
 
 
 # -- through PromptTokenizer --------------------------------------------------------------------------------------------
