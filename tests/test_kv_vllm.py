@@ -53,16 +53,21 @@ async def kv_router(registry, tiny_model):
     return plugin, router, await plugin.attach(router, settings)
 
 
+async def both_workers(controller) -> None:
+    """Until discovery has listed both workers to the router (bounded: the assertions that follow say the rest)."""
+    for _ in range(100):
+        if len(controller.pool.decode_candidates("tiny")) == 2:
+            return
+        await asyncio.sleep(0.1)
+
+
 async def test_repeated_prefix_goes_to_the_worker_holding_it(workers, tiny_model, caplog):
     import logging
     caplog.set_level(logging.DEBUG, logger="litellm_disagg.routing.strategy")
     registry, procs = workers
     plugin, router, controller = await kv_router(registry, tiny_model)
     try:
-        for _ in range(100):
-            if len(controller.pool.decode_candidates("tiny")) == 2:
-                break
-            await asyncio.sleep(0.1)
+        await both_workers(controller)
 
         async def ask(user: str) -> None:
             data = {"model": "tiny", "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}],
@@ -109,10 +114,7 @@ async def test_a_non_streamed_prompt_stops_counting_as_queued_before_its_answer(
     registry, procs = workers
     plugin, router, controller = await kv_router(registry, tiny_model)
     try:
-        for _ in range(100):
-            if len(controller.pool.decode_candidates("tiny")) == 2:
-                break
-            await asyncio.sleep(0.1)
+        await both_workers(controller)
         data = {"model": "tiny", "stream": False, "temperature": 0, "max_tokens": 300,
                 "messages": [{"role": "system", "content": "A manual never seen before by either engine. " + SYSTEM},
                              {"role": "user", "content": "recite it"}],

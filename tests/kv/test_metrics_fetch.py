@@ -22,6 +22,16 @@ class Server:
     seen: list[dict[str, str]] = field(default_factory=list)
 
 
+async def serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    """``app`` served on 127.0.0.1, a free port: its runner (to clean up) and its URL."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
 @pytest.fixture
 async def server() -> AsyncIterator[Server]:
     state = Server(url="")
@@ -34,12 +44,7 @@ async def server() -> AsyncIterator[Server]:
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    state.url = f"http://127.0.0.1:{port}"
+    runner, state.url = await serve(app)
     try:
         yield state
     finally:
@@ -109,8 +114,6 @@ async def test_a_worker_key_keeps_the_scraper_on_aiohttp_and_reaches_tokenize(
     # /tokenize fallback client.
     from unittest.mock import MagicMock
 
-    from aiohttp import web as _web
-
     from litellm_disagg.engines.base import Endpoint
     from litellm_disagg.routing.controller import DisaggController
     from litellm_disagg.settings import DisaggSettings
@@ -123,17 +126,13 @@ async def test_a_worker_key_keeps_the_scraper_on_aiohttp_and_reaches_tokenize(
     assert kv is not None
     tokenize_seen: list[dict[str, str]] = []
 
-    async def tokenize(request: _web.Request) -> _web.Response:
+    async def tokenize(request: web.Request) -> web.Response:
         tokenize_seen.append(dict(request.headers))
-        return _web.json_response({"tokens": [1, 2, 3]})
+        return web.json_response({"tokens": [1, 2, 3]})
 
-    app = _web.Application()
+    app = web.Application()
     app.router.add_post("/tokenize", tokenize)
-    runner = _web.AppRunner(app)
-    await runner.setup()
-    site = _web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    tokenize_url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    runner, tokenize_url = await serve(app)
 
     sent_by_httpx: list[str] = []
     real_send = httpx.AsyncClient.send
