@@ -37,9 +37,18 @@ class _Observer:
         self.gaps.append((seconds, during_prefill))
 
 
+def _warm(watch: DecodeWatch, worker_id: str, prefill_worker_id: str | None = None) -> None:
+    """One call to the worker (over the pair) answered: its later calls are observed."""
+    watch.dispatched("warm-up", local=prefill_worker_id is None, tokens=1, worker_id=worker_id,
+                     prefill_worker_id=prefill_worker_id)
+    watch.chunk("warm-up")
+    watch.ended("warm-up")
+
+
 def test_the_first_chunk_times_the_first_token_later_ones_the_gaps() -> None:
     clock, observer = _Clock(), _Observer()
     watch = DecodeWatch(observer, clock=clock)
+    _warm(watch, "d1")
     watch.chunk("unknown")  # not dispatched through the KV router: nothing
     watch.dispatched("a", local=True, tokens=150, queued_tokens=40, worker_id="d1")
     watch.dispatched("b", local=False, tokens=790, worker_id="d1")
@@ -58,6 +67,36 @@ def test_the_first_chunk_times_the_first_token_later_ones_the_gaps() -> None:
     watch.ended("a")
     watch.ended("b")
     assert len(watch) == 0
+
+
+def test_a_first_call_to_a_worker_or_over_a_pair_is_not_observed() -> None:
+    """A decode worker's first calls, and a remote request's first over its prefill-decode pair, pay one-off costs
+    (the proxy's first call to a deployment, the pair's NIXL handshake): observed, they priced their path 10x too high
+    (measured: 0.28 s remote tail from 4 warm-up requests, then 0% remote)."""
+    clock, observer = _Clock(), _Observer()
+    watch = DecodeWatch(observer, clock=clock)
+    watch.dispatched("cold-1", local=False, tokens=600, worker_id="d1", prefill_worker_id="p1")
+    watch.dispatched("cold-2", local=True, tokens=600, worker_id="d1")  # sent before d1 answered anything: cold too
+    assert watch.prefilling("d1") == 1  # a cold call still prefills there
+    clock.now += 0.3
+    watch.chunk("cold-1")
+    watch.chunk("cold-2")
+    assert observer.seen == [] and watch.cold_calls == 2
+    assert watch.prefilling("d1") == 0
+    clock.now += 0.1
+    watch.chunk("cold-1")  # its gaps are observed
+    assert observer.gaps == [(pytest.approx(0.1), False)]
+    watch.dispatched("local", local=True, tokens=100, worker_id="d1")  # d1 has answered: warm
+    watch.dispatched("same-pair", local=False, tokens=100, worker_id="d1", prefill_worker_id="p1")
+    watch.dispatched("new-pair", local=False, tokens=100, worker_id="d1", prefill_worker_id="p2")  # p2 -> d1: cold
+    clock.now += 0.05
+    for call in ("local", "same-pair", "new-pair"):
+        watch.chunk(call)
+    assert observer.seen == [(True, 100, pytest.approx(0.05), 0), (False, 100, pytest.approx(0.05), 0)]
+    watch.dispatched("p2-warm", local=False, tokens=100, worker_id="d1", prefill_worker_id="p2")
+    clock.now += 0.05
+    watch.chunk("p2-warm")
+    assert len(observer.seen) == 3 and watch.cold_calls == 3
 
 
 def test_a_gap_is_marked_when_its_worker_prefilled_a_prompt_within_it() -> None:
@@ -87,6 +126,7 @@ def test_a_gap_is_marked_when_its_worker_prefilled_a_prompt_within_it() -> None:
 def test_a_retry_replaces_its_attempt_and_entries_are_bounded() -> None:
     clock, observer = _Clock(), _Observer()
     watch = DecodeWatch(observer, clock=clock, max_age_s=60, max_entries=3)
+    _warm(watch, "d1")
     watch.dispatched("a", local=True, tokens=100, worker_id="d1")
     clock.now += 5
     watch.dispatched("a", local=False, tokens=100, worker_id="d1")  # the retry went remote
@@ -111,6 +151,9 @@ async def test_the_kv_router_feeds_the_path_the_request_took(local: bool) -> Non
     decode = worker("d", role=WorkerRole.DECODE)
     inputs = DisaggInputs(prompt_tokens=790, decode_cached_tokens=640, decode_queued_tokens=60)
     plan = RoutePlan(decode, (), "local", "local", decision_inputs=inputs)
+    router.observe(plan, None if local else "p", None if local else 0.8, call_id="cold")  # first call: not observed
+    router.decode_watch.chunk("cold")
+    router.decode_watch.ended("cold")
     router.observe(plan, None if local else "p", None if local else 0.8, call_id="call-1")
     router.observe(plan, None, None)  # no call id (a caller that does not know it): nothing awaited
     clock.now += 1.6

@@ -97,6 +97,9 @@ def test_an_approximate_worker_gives_no_signal() -> None:
 def test_a_streamed_first_token_is_still_timed_after_its_prefill_was_seen() -> None:
     router = KVRouter(KVRoutingSettings.model_validate({"enabled": True}))
     router.index.add_worker("d", capacity_blocks=1000)
+    router.decode_watch.dispatched("first", local=True, tokens=1, worker_id="d")  # d's first call: not timed
+    router.decode_watch.chunk("first")
+    router.decode_watch.ended("first")
     prompt = PromptBlocks(list(range(100)))
     router.observe(_plan("d", prompt), None, None, call_id="call-1")
     router.index.stored("d", prompt.hashes(16))

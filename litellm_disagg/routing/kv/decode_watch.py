@@ -5,14 +5,21 @@ option's price stayed a prior (measured on real vLLM: 85 ms predicted against 1.
 decode-stall charge (``decode_time_weight``) was a prior too. Here both paths and the stall are observed where the
 proxy sees them::
 
-    KVRouter.observe   dispatched(call_id, local, tokens, queued_tokens, worker_id)   the plan is final: sent now
+    KVRouter.observe   dispatched(call_id, local, tokens, queued_tokens, worker_id,   the plan is final: sent now
+                                  prefill_worker_id)
     controller         chunk(call_id)                                                  every streamed chunk
     controller         ended(call_id)                                                  the call ended
 
 - **First token**, from the moment the request is handed to its decode worker to its first streamed chunk
   (``DisaggDecider.observe_first_token``): for a local request, its whole prefill there (queue, compute, first
   step); for a remote one, what follows the remote prefill (the pull and the first step). A non-streamed request is
-  not observed.
+  not observed. **A first call is not observed**: a request sent to a decode worker that has not yet answered a
+  first token through this watch, or (remote) over a prefill-decode pair that has not, pays one-off costs: the
+  proxy's first call to a deployment (LiteLLM builds its HTTP client: 0.25-0.3 s measured on 4 simulated decode
+  workers started at once) and the pair's first NIXL transfer (its handshake: up to seconds on vLLM). Observed, they
+  made the line of the path that happened to go first look 10x slower than it is, and with every later request on the
+  other path nothing corrected it until ``estimate_ttl_s`` (seen: 4 warm-up requests, all remote, put the remote tail
+  at 0.28 s against 20-60 ms on the workers; then 0% remote). Such calls still count as prefilling and time gaps.
 - **Prefill over in events** (``prefill_over``, from ``prefill_seen.py``): a local request whose worker's KV events
   show its prompt's last block stops marking the worker as prefilling then, not at its first chunk (a non-streamed
   request: not at its end).
@@ -51,6 +58,10 @@ class Dispatched:
     at: float
     prefill_over: bool = False
     """Its prefill was seen over in the worker's KV events before any chunk (``prefill_over``)."""
+    cold: bool = False
+    """Sent before its worker (or, remote, its prefill-decode pair) answered any first token: not observed."""
+    pair: tuple[str, str] | None = None
+    """Remote: (prefill worker, decode worker)."""
 
 
 @dataclass(slots=True)
@@ -78,11 +89,17 @@ class DecodeWatch:
         """Local prefills under way per worker (dispatched, no first token yet)."""
         self._prefill_ended: dict[str, float] = {}
         """When each worker's last local prefill ended (its first token, or its call's end)."""
+        self._answered: set[str | tuple[str, str]] = set()
+        """Decode workers, and (prefill, decode) pairs, that have answered a first token: their calls are warm."""
+        self.cold_calls = 0
+        """First calls whose first token was not observed (``_cold``)."""
 
     def dispatched(
-        self, call_id: str, *, local: bool, tokens: int, queued_tokens: int = 0, worker_id: str | None = None
+        self, call_id: str, *, local: bool, tokens: int, queued_tokens: int = 0, worker_id: str | None = None,
+        prefill_worker_id: str | None = None,
     ) -> None:
-        """``call_id`` goes to its decode worker now (a retry replaces its earlier attempt)."""
+        """``call_id`` goes to its decode worker now (a retry replaces its earlier attempt); a remote one's KV comes
+        from ``prefill_worker_id``."""
         now = self._clock()
         self._drop(call_id, now)
         if len(self._pending) >= self.max_entries or len(self._streams) >= self.max_entries:
@@ -90,7 +107,10 @@ class DecodeWatch:
             for entries in (self._pending, self._streams):
                 while len(entries) >= self.max_entries:  # oldest first (insertion order)
                     self._drop(next(iter(entries)), now)
-        self._pending[call_id] = Dispatched(local, max(0, tokens), max(0, queued_tokens), worker_id, now)
+        pair = None if local or worker_id is None or prefill_worker_id is None else (prefill_worker_id, worker_id)
+        cold = worker_id is not None and not (worker_id in self._answered and (pair is None or pair in self._answered))
+        self._pending[call_id] = Dispatched(local, max(0, tokens), max(0, queued_tokens), worker_id, now,
+                                            cold=cold, pair=pair)
         if local and worker_id is not None:
             self._prefilling[worker_id] = self._prefilling.get(worker_id, 0) + 1
 
@@ -114,6 +134,10 @@ class DecodeWatch:
             return
         if entry.worker_id is not None:
             self._streams[call_id] = _Stream(entry.worker_id, now)
+            self._warm(entry.worker_id, entry.pair)
+        if entry.cold:
+            self.cold_calls += 1
+            return
         self._observer.observe_first_token(
             local=entry.local, tokens=entry.tokens, seconds=seconds, queued_tokens=entry.queued_tokens
         )
@@ -154,6 +178,13 @@ class DecodeWatch:
         if entry is not None:
             self._prefill_done(entry, now)
         self._streams.pop(call_id, None)
+
+    def _warm(self, worker_id: str, pair: tuple[str, str] | None) -> None:
+        if len(self._answered) >= self.max_entries:  # workers come and go: forget them all, rarely
+            self._answered.clear()
+        self._answered.add(worker_id)
+        if pair is not None:
+            self._answered.add(pair)
 
     def _expire(self, now: float) -> None:
         for call_id in [c for c, e in self._pending.items() if now - e.at > self.max_age_s]:

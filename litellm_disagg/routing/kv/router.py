@@ -260,6 +260,7 @@ class KVRouter:
                 tokens=inputs.prompt_tokens - inputs.decode_cached_tokens,
                 queued_tokens=inputs.decode_queued_tokens,
                 worker_id=plan.decode.worker_id,
+                prefill_worker_id=prefill_worker_id,
             )
         prompt = plan.prompt
         if call_id is not None and prompt is not None and self.index.is_precise(plan.decode.worker_id):
