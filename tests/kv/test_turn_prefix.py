@@ -13,7 +13,7 @@ from litellm_disagg.engines.base import Endpoint
 from litellm_disagg.routing.kv.block_hash import ROOT, PromptBlocks, chain_hashes, root_hash
 from litellm_disagg.routing.kv.token_cache import SegmentEncoder, TokenCache
 from litellm_disagg.routing.kv.tokenizer import turn_key
-from litellm_disagg.routing.kv.turn_prefix import TurnPrefix, TurnPrefixes
+from litellm_disagg.routing.kv.turn_prefix import Tokens, TurnPrefix, TurnPrefixes
 from tests.kv.test_token_cache import INST, SPACES, WORDS, bpe_tokenizer, qualifying, whole
 
 BLOCK_SIZES = (1, 3, 16)
@@ -67,6 +67,9 @@ def test_a_next_turn_from_a_remembered_turn_gives_the_whole_ids_and_hashes(name:
                         parent = ROOT if namespace is None else root_hash(namespace)
                         blocks = PromptBlocks(tokens.ids, namespace=namespace, known=tokens.prefix)
                         assert blocks.hashes(size) == chain_hashes(expected, size, parent)
+                        apart = PromptBlocks.after(tokens.prefix, tokens.tail, namespace=namespace)
+                        assert apart.hashes(size) == chain_hashes(expected, size, parent)
+                        assert apart.num_tokens == len(expected) and list(apart.token_ids) == expected
     assert encoder.prefixes is not None and encoder.prefixes.stats.hits == reused
     # Every template here renders a past answer as it rendered it when it completed, so the turn is found unless it
     # had no cut far enough from its end (a first answer of a few characters), or the answer was empty (no key).
@@ -147,6 +150,30 @@ def test_the_store_is_a_bounded_lru() -> None:
     assert len(turns) == 2
 
 
+@pytest.mark.parametrize("block_size", [1, 3, 16])
+def test_a_prompt_kept_apart_hashes_as_the_joined_ids(block_size: int) -> None:
+    """``Tokens.after`` / ``PromptBlocks.after``: a remembered turn's ids and the ids after it, never joined for the
+    hashes, give the joined list's ids and hashes, whatever the remembered length's remainder modulo the block size
+    (the remembered ids past its last full block are hashed with the tail), with and without a namespace."""
+    rng = random.Random(block_size)
+    for n_known in [0, 1, block_size - 1, block_size, block_size + 1, *rng.sample(range(2, 200), 12)]:
+        for n_tail in (0, 1, block_size, rng.randrange(1, 100)):
+            known = TurnPrefix(1, ("t", n_known), "x", 0, [rng.randrange(1000) for _ in range(n_known)])
+            tail = [rng.randrange(1000) for _ in range(n_tail)]
+            joined = known.ids + tail
+            tokens = Tokens.after(known, list(tail))
+            assert tokens.num_tokens == len(joined) and tokens.tail == tail and tokens.prefix is known
+            assert tokens.ids == joined and tokens == Tokens(joined, known)
+            assert Tokens(joined, known).tail == tail
+            for namespace in (None, "adapter"):
+                parent = ROOT if namespace is None else root_hash(namespace)
+                blocks = PromptBlocks.after(known, tail, namespace=namespace)
+                assert blocks.num_tokens == len(joined) and blocks.num_blocks(block_size) == len(joined) // block_size
+                assert blocks.hashes(block_size) == chain_hashes(joined, block_size, parent)
+                assert (blocks._ids is None) is (n_known >= block_size)  # joined only without a full known block
+                assert list(blocks.token_ids) == joined
+
+
 def test_block_hashes_are_computed_when_the_turn_is_remembered() -> None:
     tokenizer = qualifying()[0][1]()
     encoder = encoder_for(tokenizer)
@@ -195,8 +222,11 @@ async def test_the_router_reuses_a_remembered_turn(tiny_model: Path) -> None:
         assert await router.answered("w0", {"messages": history}, answer) >= 1
         second = await router.prompt(DisaggRequest(endpoint=Endpoint.CHAT, fields={"messages": follow}, request_id="b"), [worker])  # fmt: skip
         assert second is not None
-        assert list(second.token_ids) == expected
+        assert second.num_tokens == len(expected)
         assert second.hashes(16) == chain_hashes(expected, 16)
+        if reuse:  # the remembered ids and the new ones kept apart: no 8k-id join on the request's path
+            assert second._ids is None
+        assert list(second.token_ids) == expected
         assert (second.known is not None) is reuse
         if reuse:
             assert second.known is not None and (16, ROOT) in second.known._hashes  # computed when remembered

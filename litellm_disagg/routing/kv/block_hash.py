@@ -72,16 +72,38 @@ class PromptBlocks:
     ``token_ids`` is kept as given when it is a list or a tuple (copying 8k ids would cost tens of microseconds per
     decision): the caller hands it over and must not change it afterwards. ``known``: a remembered turn that
     ``token_ids`` starts with (``turn_prefix.py``); its blocks' hashes are taken from it and only the rest is hashed.
+    ``PromptBlocks.after(known, tail)``: the ids ``known.ids + tail``, kept apart (joined only if ``token_ids`` is
+    read; the hashes never need it).
     """
 
-    __slots__ = ("_hashes", "known", "namespace", "num_tokens", "token_ids")
+    __slots__ = ("_hashes", "_ids", "_tail", "known", "namespace", "num_tokens")
 
     def __init__(self, token_ids: Sequence[int], *, namespace: str | None = None, known: TurnPrefix | None = None):
-        self.token_ids: Sequence[int] = token_ids if isinstance(token_ids, list | tuple) else tuple(token_ids)
-        self.num_tokens = len(self.token_ids)
+        self._ids: Sequence[int] | None = token_ids if isinstance(token_ids, list | tuple) else tuple(token_ids)
+        self._tail: Sequence[int] | None = None
+        self.num_tokens = len(self._ids)
         self.namespace = namespace
         self.known = known
         self._hashes: dict[int, list[BlockHash]] = {}
+
+    @classmethod
+    def after(cls, known: TurnPrefix, tail: Sequence[int], *, namespace: str | None = None) -> PromptBlocks:
+        """The prompt ``known.ids + tail`` (a remembered turn and the ids after it), not joined."""
+        blocks = cls.__new__(cls)
+        blocks._ids = None
+        blocks._tail = tail if isinstance(tail, list | tuple) else tuple(tail)
+        blocks.num_tokens = len(known.ids) + len(blocks._tail)
+        blocks.namespace = namespace
+        blocks.known = known
+        blocks._hashes = {}
+        return blocks
+
+    @property
+    def token_ids(self) -> Sequence[int]:
+        if self._ids is None:
+            assert self.known is not None and self._tail is not None
+            self._ids = [*self.known.ids, *self._tail]
+        return self._ids
 
     def hashes(self, block_size: int) -> list[BlockHash]:
         found = self._hashes.get(block_size)
@@ -90,7 +112,12 @@ class PromptBlocks:
             known = self.known
             if known is not None and len(known.ids) >= block_size:
                 head = known.hashes(block_size, parent)
-                rest = self.token_ids[len(head) * block_size :]
+                done = len(head) * block_size
+                if self._ids is not None:
+                    rest: Sequence[int] = self._ids[done:]
+                else:  # the remembered ids past its last full block, then the tail
+                    assert self._tail is not None
+                    rest = [*known.ids[done:], *self._tail]
                 found = head + chain_hashes(rest, block_size, head[-1])
             else:
                 found = chain_hashes(self.token_ids, block_size, parent)

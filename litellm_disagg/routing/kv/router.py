@@ -179,7 +179,11 @@ class KVRouter:
         tokens = await self.tokenizer.tokenize_prompt(
             model=asked.model, endpoint=request.endpoint, fields=request.fields, worker_url=asked.server_url
         )
-        return None if tokens is None else PromptBlocks(tokens.ids, known=tokens.prefix)
+        if tokens is None:
+            return None
+        if tokens.prefix is not None:  # a remembered turn and what follows, kept apart (no 8k-id join on the path)
+            return PromptBlocks.after(tokens.prefix, tokens.tail)
+        return PromptBlocks(tokens.ids)
 
     async def answered(self, worker_id: str | None, fields: Mapping[str, Any], answer: str) -> int:
         """A chat request (``fields``) served by ``worker_id`` completed with ``answer``: its segments go into the

@@ -336,7 +336,7 @@ class SegmentEncoder:
         if found is None:
             return None
         ids = self._encode_segments(segments, use_cache=True, found=found)
-        return Tokens(ids) if prefix is None else Tokens(prefix.ids + ids, prefix)
+        return Tokens(ids) if prefix is None else Tokens.after(prefix, ids)
 
     def remember(self, text: str, block_sizes: Collection[int] = (), turn: Hashable = None) -> int:
         """Encodes and caches the segments of ``text`` not cached yet, without joining any ids; returns how many.
