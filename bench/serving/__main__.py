@@ -16,13 +16,14 @@ import asyncio
 import dataclasses
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
 import httpx
 
 from bench.serving import arms as arms_mod
-from bench.serving import breakdown, cli, loadgen, profiling, proxy, report, workloads
+from bench.serving import breakdown, cli, loadgen, probe_report, profiling, proxy, report, workloads
 from bench.serving.workers import WorkerSet, read_counters, reset_prefix_caches, start_sim, start_vllm
 from litellm_disagg.sim.request_log import read as read_traces
 
@@ -60,6 +61,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--out", default="bench/results")
     p.add_argument("--profile-proxy", action="store_true",
                    help="sample each arm's proxy with py-spy while the load runs (raw stacks in the run directory)")
+    p.add_argument("--probe-proxy", action="store_true",
+                   help="load bench/serving/probe.py into each arm's proxy: proxy_in split by stage, event-loop lag, "
+                        "GC, per-thread and machine CPU (printed after each arm; simulated workers only)")
     cli.add_worker_arguments(p, kv_cache_mib=1024)
     args = p.parse_args()
     for name, value in DEFAULTS[args.backend].items():
@@ -95,6 +99,9 @@ async def warm_up(base_url: str, key: str, model: str, workers: int) -> None:
 def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: WorkerSet, args: argparse.Namespace,
             run_dir: Path) -> report.ArmFigures:
     arm = arms_mod.build(name, workers, kv_routing=json.loads(args.kv_routing))
+    probing = getattr(args, "probe_proxy", False)
+    if probing:
+        probe_file = probe_report.enable(arm.config, run_dir, f"{schedule.workload}-{name}")
     asyncio.run(reset_prefix_caches(workers.workers))
     count = getattr(args, "proxies", 1)
     label = f"{schedule.workload}-{name}" if count == 1 else f"{schedule.workload}-{name}-x{count}"
@@ -111,11 +118,19 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
         samplers = [profiling.start(s.proc.pid, run_dir / f"profile-{label}-{i}.txt")
                     for i, s in enumerate(servers)] if getattr(args, "profile_proxy", False) else []
         cpu_before = sum(s.cpu_seconds() for s in servers)
+        threads_before = probe_report.thread_cpu(servers[0].proc.pid) if probing else {}
+        load_started = time.monotonic()
+        machine_before = probe_report.machine_cpu() if probing else (0.0, 0.0)
+        client_before = proxy.process_cpu_seconds(os.getpid())
         workers_cpu_before = sum(proxy.process_cpu_seconds(p.pid) for p in workers.procs)
         results, wall = asyncio.run(loadgen.run(schedule, arm=arm, base_url=[s.base_url for s in servers], key=key,
                                                 model=workers.model, workers=len(workers.workers),
                                                 max_tokens=args.max_tokens))
         proxy_cpu = sum(s.cpu_seconds() for s in servers) - cpu_before
+        load_ended = time.monotonic()
+        machine_after = probe_report.machine_cpu() if probing else (0.0, 0.0)
+        client_cpu = proxy.process_cpu_seconds(os.getpid()) - client_before
+        threads_after = probe_report.thread_cpu(servers[0].proc.pid) if probing else {}
         workers_cpu = sum(proxy.process_cpu_seconds(p.pid) for p in workers.procs) - workers_cpu_before
         for sampler in samplers:
             print(f"  proxy profile: {profiling.stop(sampler)}", flush=True)
@@ -130,6 +145,10 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
     traces, _ = read_traces(workers.request_log, offset)
     parts = breakdown.join(results, traces)
     print(breakdown.table(name, parts), flush=True)
+    if probing:
+        print(probe_report.summary(name, probe_file, results, traces, (load_started, load_ended), threads_before,
+                                   threads_after), flush=True)
+        print(probe_report.machine_line(machine_before, machine_after, proxy_cpu, workers_cpu, client_cpu), flush=True)
     return dataclasses.replace(row, ttft_parts_p50_ms=breakdown.medians(parts),
                                slowest=[dataclasses.asdict(b) for b in breakdown.slowest(parts)])
 

@@ -1,0 +1,188 @@
+"""A timing probe loaded into the benchmark's proxy (``--probe-proxy``): where a request's ``proxy_in`` goes, and how
+late the proxy's event loop runs. Bench only: the arm configs list it as a LiteLLM callback
+(``bench.serving.probe.handler``) when the flag is given; ``BENCH_PROXY_PROBE`` names its output file.
+
+Per request (named by the ``user`` the load generator sends), on the machine's monotonic clock:
+
+    asgi        the proxy's ASGI app was called for it (uvicorn parsed the request)
+    pre_hook    LiteLLM's pre-call hooks ran (after auth and body parsing)
+    route_start / route_end   litellm-disagg's deployment selection (KV arm only)
+    pre_api     LiteLLM is about to send it to the worker
+
+and, every 2 ms, how late a ``sleep`` woke up (the event loop's lag): samples over 1 ms are written with their time.
+Once a second it also writes the process's threads (native id -> name), for per-thread CPU from ``/proc``, and the
+KV event messages received so far; every garbage collection is written with its length.
+
+Experiments, through the environment: ``BENCH_SWITCH_INTERVAL`` (``sys.setswitchinterval`` in the proxy) and
+``BENCH_PREFILL_POLL_S`` (the KV router's prefill watch period, ``routing/kv/router.py`` ``PREFILL_POLL_S``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from litellm.integrations.custom_logger import CustomLogger
+
+_ENV = "BENCH_PROXY_PROBE"
+_asgi_at: contextvars.ContextVar[float | None] = contextvars.ContextVar("bench_probe_asgi", default=None)
+_record: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("bench_probe_record", default=None)
+
+
+def _user_of(data: dict[str, Any]) -> str | None:
+    for source in (data, data.get("extra_body") or {}, data.get("metadata") or {}):
+        if isinstance(source, dict) and isinstance(source.get("user"), str):
+            return source["user"]
+    return None
+
+
+class Probe(CustomLogger):
+    def __init__(self) -> None:
+        super().__init__()
+        self.path = os.environ.get(_ENV)
+        self.pending: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+        self._wrapped_app = False
+        if not self.path or "litellm.proxy.proxy_server" not in sys.modules:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._task = loop.create_task(self._lag_loop(), name="bench-probe-lag")
+        self._wrap_strategy()
+        # Experiments: the GIL's switch interval, and the KV router's prefill watch period.
+        if os.environ.get("BENCH_SWITCH_INTERVAL"):
+            sys.setswitchinterval(float(os.environ["BENCH_SWITCH_INTERVAL"]))
+        if os.environ.get("BENCH_PREFILL_POLL_S"):
+            from litellm_disagg.routing.kv import router
+
+            router.PREFILL_POLL_S = float(os.environ["BENCH_PREFILL_POLL_S"])
+        self._count_events()
+        self._time_gc()
+
+    def _time_gc(self) -> None:
+        """Every garbage collection: its generation, its length and when it ended."""
+        import gc
+
+        started: list[float] = [0.0]
+
+        def callback(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                started[0] = time.perf_counter()
+            else:
+                self.pending.append(json.dumps({"gc": info.get("generation"), "ms": (time.perf_counter() - started[0]) * 1e3,
+                                                "t": time.monotonic()}))
+
+        gc.callbacks.append(callback)
+
+    def _count_events(self) -> None:
+        """Keeps the KV event subscribers: their ``messages`` counts go out once a second."""
+        import weakref
+
+        from litellm_disagg.routing.kv import event_subscriber as es
+
+        self.subscribers: weakref.WeakSet[Any] = weakref.WeakSet()
+        original_init = es.KVEventSubscriber.__init__
+        subscribers = self.subscribers
+
+        def init(sub: Any, *args: Any, **kwargs: Any) -> None:
+            original_init(sub, *args, **kwargs)
+            subscribers.add(sub)
+
+        es.KVEventSubscriber.__init__ = init  # type: ignore[method-assign]
+
+    # -- loop lag --------------------------------------------------------------------------------------------------
+
+    async def _lag_loop(self) -> None:
+        period = 0.002
+        last_flush = time.monotonic()
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            lag = now - before - period
+            if lag > 0.001:
+                self.pending.append(json.dumps({"lag": lag, "t": now}))
+            if not self._wrapped_app:
+                self._wrap_app()
+            if now - last_flush > 1.0:
+                last_flush = now
+                threads = {t.native_id: t.name for t in threading.enumerate()}
+                self.pending.append(json.dumps({"threads": threads, "t": now}))
+                subs = list(getattr(self, "subscribers", ()))
+                if subs:
+                    self.pending.append(json.dumps({"events": sum(x.messages for x in subs), "t": now}))
+                self._flush()
+
+    def _flush(self) -> None:
+        if not self.pending or not self.path:
+            return
+        lines, self.pending = self.pending, []
+        with open(self.path, "a") as f:
+            f.write("\n".join(lines) + "\n")
+
+    # -- request timings -------------------------------------------------------------------------------------------
+
+    def _wrap_app(self) -> None:
+        from litellm.proxy import proxy_server
+
+        app = getattr(proxy_server, "app", None)
+        if app is None:
+            return
+        original = app.build_middleware_stack
+
+        def build() -> Any:
+            inner = original()
+
+            async def timed(scope: Any, receive: Any, send: Any) -> None:
+                _asgi_at.set(time.monotonic())
+                await inner(scope, receive, send)
+
+            return timed
+
+        app.build_middleware_stack = build
+        app.middleware_stack = None  # rebuilt on the next request, with the timing wrapper outside
+        self._wrapped_app = True
+
+    def _wrap_strategy(self) -> None:
+        from litellm_disagg.routing.strategy import DisaggRoutingStrategy
+
+        original = DisaggRoutingStrategy.async_get_available_deployment
+        if getattr(original, "_bench_probe", False):
+            return
+
+        async def timed(strategy: Any, *args: Any, **kwargs: Any) -> Any:
+            record = _record.get()
+            if record is not None:
+                record["route_start"] = time.monotonic()
+            try:
+                return await original(strategy, *args, **kwargs)
+            finally:
+                if record is not None:
+                    record["route_end"] = time.monotonic()
+
+        timed._bench_probe = True  # type: ignore[attr-defined]
+        DisaggRoutingStrategy.async_get_available_deployment = timed  # type: ignore[method-assign]
+
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict[str, Any],
+                                  call_type: Any) -> dict[str, Any]:
+        user = _user_of(data)
+        if user is not None:
+            _record.set({"user": user, "asgi": _asgi_at.get(), "pre_hook": time.monotonic()})
+        return data
+
+    def log_pre_api_call(self, model: Any, messages: Any, kwargs: Any) -> None:
+        record = _record.get()
+        if record is not None and "pre_api" not in record:
+            record["pre_api"] = time.monotonic()
+            self.pending.append(json.dumps(record))
+
+
+handler = Probe()
