@@ -26,12 +26,15 @@ async def test_writes_are_atomic_json_and_leave_no_temp_files(tmp_path):
     assert abs(record["heartbeat_at"] - time.time()) < 5
 
 
-async def test_stale_entries_are_ignored_until_heartbeat(tmp_path):
+async def test_stale_entries_are_ignored_until_heartbeat(tmp_path, caplog):
     reg = FileRegistry(tmp_path, ttl_s=0.3)
     await reg.publish(cfg())
     assert [c.worker_id for c in await reg.snapshot()] == ["prefill-a-8100"]
     await asyncio.sleep(0.5)
     assert await reg.snapshot() == []
+    assert await reg.snapshot() == []
+    left_out = [r.getMessage() for r in caplog.records if "TTL: left out" in r.getMessage()]
+    assert len(left_out) == 1 and "prefill-a-8100" in left_out[0]  # said once per version of the entry, with its age
     await reg.heartbeat("prefill-a-8100")
     assert len(await reg.snapshot()) == 1
 

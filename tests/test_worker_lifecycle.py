@@ -88,6 +88,23 @@ async def test_announce_publishes_ready_and_heartbeats_until_leave() -> None:
     assert {method for method, _ in registry.calls[1:-1]} == {"heartbeat"}
 
 
+async def test_a_heartbeat_long_after_the_previous_one_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    # A process that stalls past the registry's TTL drops out of discovery (seen once in CI); the worker says so.
+    for jump, logged in ((0.0, False), (100.0, True)):
+        caplog.clear()
+        registry, engine = RecordingRegistry(), ScriptedEngine([(True, 0)])
+
+        def clock(engine: ScriptedEngine = engine, jump: float = jump) -> float:
+            engine.now += jump  # each reading this much later: as if the event loop stalled between heartbeats
+            return engine.now
+
+        worker = WorkerLifecycle(registry, CONFIG, engine.probe, heartbeat_interval_s=0.01, clock=clock)
+        await worker.announce()
+        await asyncio.wait_for(registry.heartbeat_seen.wait(), timeout=30)
+        await worker.leave()
+        assert any("this process stalled" in r.getMessage() for r in caplog.records) is logged
+
+
 async def test_drain_waits_for_idle_then_for_the_settle_window() -> None:
     registry = RecordingRegistry()
     engine = ScriptedEngine([(False, 0), (False, 0), (True, 0)])

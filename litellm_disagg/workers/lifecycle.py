@@ -116,6 +116,10 @@ class DrainOutcome(StrEnum):
     """The probe stopped answering (the engine exited): nothing left to wait for."""
 
 
+LATE_HEARTBEAT_INTERVALS = 3.0
+"""A heartbeat written more than this many intervals after the previous one is logged (a stalled process)."""
+
+
 class WorkerLifecycle:
     def __init__(
         self,
@@ -264,6 +268,7 @@ class WorkerLifecycle:
             await asyncio.sleep(self.role_retry_s)
 
     async def _heartbeats(self) -> None:
+        last = self.clock()
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop_heartbeats.wait(), timeout=self.heartbeat_interval_s)
@@ -274,6 +279,16 @@ class WorkerLifecycle:
                     await self.registry.heartbeat(self.worker_id)
             except RegistryError as exc:
                 logger.warning("worker %s: heartbeat failed (will retry): %s", self.worker_id, exc)
+                continue
+            now = self.clock()
+            if now - last > LATE_HEARTBEAT_INTERVALS * self.heartbeat_interval_s:
+                # The process (its event loop, or the registry's I/O) stalled: past the registry's TTL, routers drop
+                # the worker until the next heartbeat (seen once in CI: a decode worker gone from the proxy for 1 s).
+                logger.warning(
+                    "worker %s: heartbeat written %.1f s after the previous one (every %g s): this process stalled",
+                    self.worker_id, now - last, self.heartbeat_interval_s,
+                )
+            last = now
 
     async def _wait_settled(self, policy: DrainPolicy) -> DrainOutcome:
         deadline = self.clock() + policy.timeout_s

@@ -233,6 +233,11 @@ class FileRegistry:
             self._warn_once(path, "heartbeat in the future: skipped", info.st_mtime)
             return None
         if now - heartbeat_at > self.ttl_s:
+            # Once per version of the file: a crashed worker's entry, or a live one whose heartbeats stalled.
+            self._warn_once(
+                path, f"heartbeat {now - heartbeat_at:.1f} s old, over the {self.ttl_s:g} s TTL: left out",
+                info.st_mtime,
+            )
             return None
         return config
 
