@@ -92,7 +92,7 @@ class DecodeWatch:
         self._answered: set[str | tuple[str, str]] = set()
         """Decode workers, and (prefill, decode) pairs, that have answered a first token: their calls are warm."""
         self.cold_calls = 0
-        """First calls whose first token was not observed (``_cold``)."""
+        """First calls whose first token was not observed (``Dispatched.cold``)."""
 
     def dispatched(
         self, call_id: str, *, local: bool, tokens: int, queued_tokens: int = 0, worker_id: str | None = None,
