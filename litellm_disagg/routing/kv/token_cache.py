@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from litellm_disagg.routing.kv.block_hash import ROOT
+from litellm_disagg.routing.kv.piece_cache import PieceEncoder
 from litellm_disagg.routing.kv.turn_prefix import Tokens, TurnPrefix, TurnPrefixes
 from litellm_disagg.sized_lru import SizedLRU
 
@@ -195,6 +196,8 @@ class SegmentEncoder:
         backend = tokenizer.backend_tokenizer
         self._backend = backend
         self._encode_batch = getattr(backend, "encode_batch_fast", None) or backend.encode_batch
+        self.pieces: PieceEncoder | None = None
+        """New ASCII segments encoded piece by piece through a cache (``piece_cache.py``); None: by the tokenizer."""
         self.enabled = True
         self.to_verify = VERIFY_FIRST
 
@@ -229,6 +232,14 @@ class SegmentEncoder:
         if problem is not None:
             logger.info("segment-wise tokenization disabled: %s", problem)
             return None
+        probes = encoder._probe_texts()
+        probes += [text.encode("ascii", "ignore").decode() for text in probes]  # the cases piece-wise encoding takes
+        try:
+            encoder.pieces = PieceEncoder.build(
+                tokenizer, encoder._scan, encoder._encode_batch, encoder.encode_whole, probes
+            )
+        except Exception as exc:  # a tokenizer this module reads wrongly: segments are encoded by the tokenizer
+            logger.info("piece-wise tokenization disabled: %s", exc)
         return encoder
 
     def _probe(self) -> str | None:
@@ -407,10 +418,20 @@ class SegmentEncoder:
         found: list[tuple[int, ...] | None] | None = None,
     ) -> list[int]:
         """The segments' ids joined: cached ones looked up (``use_cache``; ``found``: already looked up), the
-        others encoded in one batch call and cached."""
+        others encoded (piece-wise where ``piece_cache.py`` vouches for it, the rest in one batch call) and cached."""
         if found is None:
             found = self.cache.get_many(self.owner, segments) if use_cache else [None] * len(segments)
         missing = [i for i, ids in enumerate(found) if ids is None]
+        if missing and use_cache and self.pieces is not None:
+            left = []
+            for i in missing:
+                ids = self._piece_wise(segments[i])
+                if ids is None:
+                    left.append(i)
+                    continue
+                found[i] = fresh = tuple(ids)
+                self.cache.put(self.owner, segments[i], fresh)
+            missing = left
         if missing:
             encodings = self._encode_batch([segments[i] for i in missing], add_special_tokens=False)
             for i, encoding in zip(missing, encodings, strict=True):
@@ -423,3 +444,15 @@ class SegmentEncoder:
             if ids is not None:  # always: every miss was filled above
                 out.extend(ids)
         return out
+
+    def _piece_wise(self, segment: str) -> list[int] | None:
+        """``segment``'s ids from the piece encoder, or None (the tokenizer encodes it)."""
+        pieces = self.pieces
+        if pieces is None:
+            return None
+        try:
+            return pieces.encode(segment)
+        except Exception:  # a bug, or a tokenizer read wrongly: never the request's failure
+            logger.exception("piece-wise tokenization failed: turned off for this tokenizer")
+            self.pieces = None
+            return None
