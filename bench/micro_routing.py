@@ -43,6 +43,7 @@ import gc
 import os
 import random
 import statistics
+import string
 import sys
 import tempfile
 import time
@@ -235,8 +236,8 @@ async def bench_decisions(args: argparse.Namespace) -> None:
             update={
                 "tokenizer": settings.tokenizer.model_copy(
                     update={"model_dirs": {"m": str(tok_dir)}, "http_fallback": False}
-                | ({"inline_max_new_chars": 0} if args.tokenize_in_thread else {})
-                | ({"reuse_turns": False} if args.no_turn_reuse else {})
+                    | ({"inline_max_new_chars": 0} if args.tokenize_in_thread else {})
+                    | ({"reuse_turns": False} if args.no_turn_reuse else {})
                 )
             }
         )
@@ -265,7 +266,9 @@ async def bench_decisions(args: argparse.Namespace) -> None:
             n = args.iterations if size == 1024 else max(200, args.iterations // 4)
             prompts = [d[: size - 7] + [rng.randrange(VOCAB) for _ in range(7)] for d in docs]
             decisions(router, pools, configs, prompts, args.block_size, n)
-            await tokenized_decisions(router, pools, configs, tok_dir, size, args.turns, rng, args.no_answer_hook)
+            await tokenized_decisions(
+                router, pools, configs, tok_dir, size, args.turns, rng, args.no_answer_hook, args.novel_words
+            )
         await router.stop()
 
 
@@ -311,6 +314,7 @@ async def tokenized_decisions(
     n: int,
     rng: random.Random,
     no_answer_hook: bool = False,
+    novel_words: int = 0,
 ) -> None:
     """Conversations of about ``size`` tokens: each one's first turn (nothing cached) and second turn (its earlier
     messages cached), tokenization alone and followed by the decision for both pools."""
@@ -356,6 +360,8 @@ async def tokenized_decisions(
         # The second turn: the first one's messages, the answer, a follow-up question.
         answer = " ".join(rng.choice(words) for _ in range(FOLLOW_UP_TOKENS // 2))
         question = " ".join(rng.choice(words) for _ in range(FOLLOW_UP_TOKENS // 4))
+        for _ in range(novel_words):  # a word no earlier prompt had (--novel-words): not in any cache
+            question += " " + "".join(rng.choice(string.ascii_lowercase) for _ in range(9))
         if remember is not None:  # the plugin's success hook, when the answer completes (not timed)
             answered += await remember(decode[0].worker_id, {"messages": history}, answer) > 0
         follow_up = history + [{"role": "assistant", "content": answer}, {"role": "user", "content": question}]
@@ -373,6 +379,9 @@ async def tokenized_decisions(
     )
     print(f"  {size:>5} tokens  tokenize 2nd turn + decision {second_all}")
     print(f"  {'':>5}         tokenized on the event loop: {router.tokenizer.inline_encodes} prompts in all")
+    print(
+        f"  {'':>5}         question: {FOLLOW_UP_TOKENS // 4} words of the benchmark's list + {novel_words} never seen"
+    )
     hook = "off" if remember is None else f"{answered} of {n + warm} answers cached when they completed"
     print(f"  {'':>5}         answer hook: {hook}")
     turns = getattr(router.tokenizer, "turns", None)  # absent in code from before turn reuse
@@ -658,6 +667,12 @@ def main() -> None:
         "--no-turn-reuse",
         action="store_true",
         help="a next turn does not reuse the remembered turn's ids and block hashes (tokenizer.reuse_turns false)",
+    )
+    parser.add_argument(
+        "--novel-words",
+        type=int,
+        default=0,
+        help="words never seen before added to each follow-up question (none of their pieces is cached anywhere)",
     )
     parser.add_argument("--skip-decisions", action="store_true")
     parser.add_argument("--skip-ingestion", action="store_true")
