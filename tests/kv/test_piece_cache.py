@@ -207,3 +207,19 @@ def test_a_failing_piece_encoder_is_turned_off_and_the_tokenizer_used(monkeypatc
     text = "<|im_start|>user\nhello there<|im_end|>\n"
     assert segments.encode(text) == whole(tokenizer, text)
     assert segments.pieces is None
+
+
+async def test_the_setting_turns_piece_wise_encoding_off_with_the_same_ids(tiny_model: Path) -> None:
+    from litellm_disagg.engines.base import Endpoint
+    from litellm_disagg.routing.kv.settings import TokenizerSettings
+    from litellm_disagg.routing.kv.tokenizer import PromptTokenizer
+
+    tokenizer = tiny(tiny_model)
+    messages = [{"role": "user", "content": "paged attention, then the KV cache"}]
+    expected = whole(tokenizer, tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+    for on in (True, False):
+        prompts = PromptTokenizer(TokenizerSettings(model_dirs={"tiny": str(tiny_model)}, piece_cache=on))
+        ids = await prompts.tokenize(model="tiny", endpoint=Endpoint.CHAT, fields={"messages": messages})
+        segments = prompts._loaded["tiny"].segments
+        assert ids == expected and segments is not None and (segments.pieces is not None) is on
+        await prompts.aclose()

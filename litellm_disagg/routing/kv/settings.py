@@ -83,6 +83,12 @@ class TokenizerSettings(_Strict):
     """With ``cache_answers``: also keep the rendered conversation, its ids and its block hashes whole
     (``turn_prefix.py``, bounded by ``max_cached_tokens`` again), so that a next turn that starts with it (tokenized
     on the event loop) scans, looks up, joins and hashes only its new messages. The ids are the same either way."""
+    piece_cache: bool = True
+    """With the token cache: a new segment of printable ASCII is split as the tokenizer's own pre-tokenizer splits it
+    and each piece's ids are cached (``piece_cache.py``), so a next turn's question costs dict lookups instead of a
+    call into the tokenizer on cold caches (about 60 against 270 µs for 40 words). Byte-level BPE tokenizers only
+    (GPT-2, SmolLM2, Llama 3, Qwen 2 style); checked against the tokenizer at load and on its first 16 texts. The ids
+    are the same either way. About 100 bytes per cached piece, at most 200,000 pieces per tokenizer."""
 
 
 class LoadSettings(_Strict):

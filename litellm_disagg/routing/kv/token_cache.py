@@ -204,10 +204,13 @@ class SegmentEncoder:
     # -- building -----------------------------------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, tokenizer: Any, cache: TokenCache, prefixes: TurnPrefixes | None = None) -> SegmentEncoder | None:
+    def build(
+        cls, tokenizer: Any, cache: TokenCache, prefixes: TurnPrefixes | None = None, pieces: bool = True
+    ) -> SegmentEncoder | None:
         """A segment encoder for ``tokenizer`` if it qualifies (a ``tokenizers`` backend, no ``single_word`` added
         token on raw text, nothing to truncate, pad or split specials) and segment-wise encoding equals whole
-        encoding on the probe texts; else None."""
+        encoding on the probe texts; else None. ``pieces``: new ASCII segments encoded piece-wise where
+        ``piece_cache.py`` can vouch for the tokenizer."""
         try:
             from tokenizers import Tokenizer
         except ImportError:  # pragma: no cover - transformers' fast tokenizers need it
@@ -232,6 +235,8 @@ class SegmentEncoder:
         if problem is not None:
             logger.info("segment-wise tokenization disabled: %s", problem)
             return None
+        if not pieces:
+            return encoder
         probes = encoder._probe_texts()
         probes += [text.encode("ascii", "ignore").decode() for text in probes]  # the cases piece-wise encoding takes
         try:

@@ -243,7 +243,9 @@ class PromptTokenizer:
             self._failed.pop(model, None)
             segments = None
             if self.token_cache is not None:
-                segments = await asyncio.to_thread(SegmentEncoder.build, tokenizer, self.token_cache, self.turns)
+                segments = await asyncio.to_thread(
+                    SegmentEncoder.build, tokenizer, self.token_cache, self.turns, self.settings.piece_cache
+                )
                 if segments is None:
                     logger.info("model %s: prompts are tokenized whole (no token cache)", model)
             loaded = self._loaded[model] = _Loaded(tokenizer, threading.Lock(), segments)
