@@ -1,14 +1,18 @@
 """The worker wrapper's lifecycle, with a fake engine process that has vLLM's /health and /metrics surface."""
 
 import asyncio
+import contextlib
 import io
+import json
 import signal
 import sys
+import threading
 
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.engines import get_engine
 from litellm_disagg.engines.base import LaunchSpec
 from litellm_disagg.runtime_config import WorkerRole, WorkerState
+from litellm_disagg.workers.log_sink import LogSink
 from litellm_disagg.workers.wrapper import LifecycleOptions, WorkerWrapper
 
 from .support.net import free_port
@@ -155,3 +159,58 @@ async def test_an_engine_that_hangs_on_every_start_gives_up_after_its_attempts(t
     assert "did not answer /health for 1 s, in each of 2 starts" in log.getvalue()
     assert await reader.snapshot() == []
     assert wrapper._proc.returncode is not None
+
+
+class _StuckStream(io.StringIO):
+    """A log whose writes block until ``gate`` opens (a disk under writeback pressure, a pipe nobody drains)."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate = threading.Event()
+
+    def write(self, text):
+        self.gate.wait()
+        return super().write(text)
+
+
+async def test_a_log_that_blocks_does_not_stop_the_heartbeats(tmp_path):
+    # Engine lines and the READY line written from the event loop would freeze it on the first blocked write: no
+    # heartbeat, and the worker out of discovery past its TTL (seen once in CI). The gate opens on its own after 60 s
+    # so that a regression fails here instead of hanging.
+    chatty = [sys.executable, "-c", "import sys, runpy; [print('engine line', i, flush=True) for i in range(200)]; "
+              "sys.argv = sys.argv[1:]; runpy.run_module('tests.support.fake_worker', run_name='__main__')",
+              "x", "--port", "{port}", "--name", "fake"]
+    wrapper, reader, _ = make(tmp_path, chatty)
+    stuck = _StuckStream()
+    wrapper.log = stuck
+    opener = threading.Timer(60, stuck.gate.set)
+    opener.start()
+    run = asyncio.create_task(wrapper.run())
+    entry = tmp_path / "w1.worker.json"
+    beats = set()
+    try:
+        while len(beats) < 4 and not stuck.gate.is_set():
+            if entry.exists():
+                with contextlib.suppress(ValueError, OSError):
+                    beats.add(json.loads(entry.read_text())["heartbeat_at"])
+            await asyncio.sleep(0.05)
+        assert len(beats) >= 4 and not stuck.gate.is_set()  # READY and heartbeating while every log write blocks
+    finally:
+        stuck.gate.set()
+        opener.cancel()
+    wrapper.request_stop()
+    assert await asyncio.wait_for(run, 30) == 0
+    written = stuck.getvalue()
+    assert "engine line 199" in written and "READY w1" in written  # nothing lost once the log moved again
+
+
+def test_the_log_sink_drops_and_counts_what_it_cannot_hold():
+    stuck = _StuckStream()
+    sink = LogSink(stuck, max_pending=5)
+    for i in range(50):
+        sink.line(f"line {i}")  # never blocks, although nothing can be written
+    assert sink.dropped >= 40
+    stuck.gate.set()
+    sink.close()
+    written = stuck.getvalue()
+    assert "line 0" in written and "log lines dropped" in written

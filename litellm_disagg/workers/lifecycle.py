@@ -274,6 +274,7 @@ class WorkerLifecycle:
                 await asyncio.wait_for(self._stop_heartbeats.wait(), timeout=self.heartbeat_interval_s)
             if self._stop_heartbeats.is_set():
                 return
+            due = self.clock()
             try:
                 async with self._lock:
                     await self.registry.heartbeat(self.worker_id)
@@ -284,9 +285,11 @@ class WorkerLifecycle:
             if now - last > LATE_HEARTBEAT_INTERVALS * self.heartbeat_interval_s:
                 # The process (its event loop, or the registry's I/O) stalled: past the registry's TTL, routers drop
                 # the worker until the next heartbeat (seen once in CI: a decode worker gone from the proxy for 1 s).
+                # The write's own time tells which: a slow write is the registry's I/O, the rest the event loop.
                 logger.warning(
-                    "worker %s: heartbeat written %.1f s after the previous one (every %g s): this process stalled",
-                    self.worker_id, now - last, self.heartbeat_interval_s,
+                    "worker %s: heartbeat written %.1f s after the previous one (every %g s; the write took %.1f s): "
+                    "this process stalled",
+                    self.worker_id, now - last, self.heartbeat_interval_s, now - due,
                 )
             last = now
 

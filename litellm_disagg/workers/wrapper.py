@@ -38,6 +38,7 @@ from litellm_disagg.workers import engine_probe
 from litellm_disagg.workers.bind_failure import BindFailure
 from litellm_disagg.workers.bind_failure import parse as parse_bind_failure
 from litellm_disagg.workers.lifecycle import DrainPolicy, EngineActivity, WorkerLifecycle
+from litellm_disagg.workers.log_sink import LogSink
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +121,8 @@ class WorkerWrapper:
         self.lifecycle = lifecycle
         self.registry = registry
         self.log = log
+        self._sink: LogSink | None = None
+        """Writes ``log`` from a thread while ``run`` runs (``log_sink.py``): a slow log never holds the heartbeats."""
         self.server_url = f"http://{spec.host}:{spec.port}"
         self._tail: collections.deque[str] = collections.deque(maxlen=lifecycle.log_tail_lines)
         self._stop = asyncio.Event()
@@ -144,6 +147,7 @@ class WorkerWrapper:
                 loop.add_signal_handler(sig, self.request_stop)
         for path, text in self.launch.files.items():
             await asyncio.to_thread(Path(path).write_text, text)
+        self._sink = LogSink(self.log)
         try:
             await self._spawn()
             async with httpx.AsyncClient() as client:
@@ -154,6 +158,15 @@ class WorkerWrapper:
             await self._stop_vllm()
             await self._end_pump()
             await self.registry.close()
+            sink, self._sink = self._sink, None
+            await asyncio.to_thread(sink.close)
+
+    def _say(self, line: str) -> None:
+        """One line of the worker's output (``log``), never blocking the event loop while ``run`` runs."""
+        if self._sink is not None:
+            self._sink.line(line)
+        else:
+            print(line, file=self.log, flush=True)
 
     async def _spawn(self) -> None:
         argv = self.command or list(self.launch.argv)
@@ -221,7 +234,7 @@ class WorkerWrapper:
         await self.registration.announce()
         logger.info("worker %s ready at %s (%d KV blocks of %d tokens)", self.config.worker_id, self.config.base_url,
                     facts.kv_capacity_blocks, facts.block_size)
-        print(f"READY {self.config.worker_id} {self.config.base_url}", file=self.log, flush=True)
+        self._say(f"READY {self.config.worker_id} {self.config.base_url}")
         if not await self._stop_requested_before_exit():
             await self.registration.leave()
             return self._died("vLLM exited")
@@ -262,8 +275,8 @@ class WorkerWrapper:
             logger.warning("%s said its server started %g s ago and has answered no /health since; stopping it "
                            "and starting it again (start %d of %d)", self.engine.name,
                            self.lifecycle.unresponsive_restart_s, attempt + 1, self.lifecycle.start_attempts)
-            print(f"litellm-disagg worker: {self.engine.name} hung after its server started (no answer to /health "
-                  f"for {self.lifecycle.unresponsive_restart_s:g} s); starting it again", file=self.log, flush=True)
+            self._say(f"litellm-disagg worker: {self.engine.name} hung after its server started (no answer to /health "
+                      f"for {self.lifecycle.unresponsive_restart_s:g} s); starting it again")
             await self._stop_vllm()
             await self._end_pump()
             await self._spawn()
@@ -291,10 +304,9 @@ class WorkerWrapper:
 
     def _died(self, why: str) -> int:
         code = self._proc.returncode if self._proc is not None else None
-        print(f"litellm-disagg worker: {why} (exit code {code}). Last vLLM log lines:", file=self.log)
+        self._say(f"litellm-disagg worker: {why} (exit code {code}). Last vLLM log lines:")
         for line in self._tail:
-            print(f"  {line}", file=self.log)
-        self.log.flush()
+            self._say(f"  {line}")
         return code if isinstance(code, int) and code > 0 else 1
 
     async def _pump_logs(self, proc: asyncio.subprocess.Process) -> None:
@@ -305,7 +317,7 @@ class WorkerWrapper:
                 break
             line = raw.decode(errors="replace").rstrip()
             self._tail.append(line)
-            print(line, file=self.log, flush=True)
+            self._say(line)
             if self.config is None:
                 if self.bind_failure is None:
                     self.bind_failure = parse_bind_failure(line)
