@@ -17,7 +17,7 @@ from litellm_disagg.routing.kv import piece_cache
 from litellm_disagg.routing.kv.piece_cache import PieceEncoder
 from litellm_disagg.routing.kv.token_cache import SegmentEncoder, TokenCache
 
-from .test_token_cache import SMOLLM2, bpe_tokenizer, chatml, corpus, metaspace_tokenizer, stripping, whole
+from .test_token_cache import SMOLLM2, chatml, corpus, metaspace_tokenizer, stripping, whole
 
 LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 ASCII_WORDS = [
@@ -48,22 +48,6 @@ def llama3_tokenizer() -> Any:
         ),
     )
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|eot_id|>")
-
-
-def strips_no_lowercase() -> Any:
-    """Added tokens that strip whitespace and a normalized one, with no normalizer (so the encoder is built)."""
-    from tokenizers import AddedToken
-
-    return bpe_tokenizer(
-        [
-            "<|endoftext|>",
-            "<|im_start|>",
-            "<|im_end|>",
-            AddedToken("<|end|>", rstrip=True, special=True, normalized=False),
-            AddedToken("<mask>", lstrip=True, special=True, normalized=False),
-            AddedToken("special phrase", special=False, normalized=True),
-        ]
-    )
 
 
 def ascii_texts(tokenizer: Any, n: int, seed: int) -> list[str]:
@@ -119,7 +103,7 @@ def test_the_one_call_for_new_pieces_gives_what_a_batch_gives() -> None:
 
 
 def test_text_it_cannot_vouch_for_is_left_to_the_tokenizer() -> None:
-    tokenizer = strips_no_lowercase()
+    tokenizer = stripping(lowercase=False)  # no normalizer: the encoder is built
     encoder = pieces_of(tokenizer)
     assert encoder.encode("café au lait") is None  # not ASCII
     assert encoder.encode("bell\x07 and \x1c") is None  # control characters

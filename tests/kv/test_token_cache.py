@@ -88,8 +88,9 @@ def chatml() -> Any:
     return bpe_tokenizer(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
 
 
-def stripping() -> Any:
-    """Added tokens that strip whitespace on their left (never cut at) or right, and a normalized added token."""
+def stripping(lowercase: bool = True) -> Any:
+    """Added tokens that strip whitespace on their left (never cut at) or right, and a normalized added token (with
+    a lowercasing normalizer unless ``lowercase`` is false)."""
     from tokenizers import AddedToken
 
     return bpe_tokenizer(
@@ -102,7 +103,7 @@ def stripping() -> Any:
             AddedToken(" <|spaced|>", special=True, normalized=False),
             AddedToken("special phrase", special=False, normalized=True),
         ],
-        lowercase=True,
+        lowercase=lowercase,
     )
 
 
