@@ -46,9 +46,9 @@ GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
 VERIFY_FIRST = 16
 """Texts per tokenizer encoded here and by the tokenizer too (a difference turns this off)."""
 
-MAX_PIECES = 200_000
-"""Pieces cached per tokenizer; past that, the oldest cached half is dropped before the next text (which may add
-its own new pieces over the bound)."""
+MAX_PIECES = 100_000
+"""Pieces cached per tokenizer (about 250 bytes each: 25 MB); past that, the oldest cached half is dropped before the
+next text (which may add its own new pieces over the bound)."""
 
 MANY_NEW_PIECES = 64
 """Above this many new pieces, making up over half the text's pieces, the text is left to the tokenizer."""

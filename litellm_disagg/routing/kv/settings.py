@@ -88,7 +88,7 @@ class TokenizerSettings(_Strict):
     and each piece's ids are cached (``piece_cache.py``), so a next turn's question costs dict lookups instead of a
     call into the tokenizer on cold caches (about 60 against 270 µs for 40 words). Byte-level BPE tokenizers only
     (GPT-2, SmolLM2, Llama 3, Qwen 2 style); checked against the tokenizer at load and on its first 16 texts. The ids
-    are the same either way. About 100 bytes per cached piece, at most 200,000 pieces per tokenizer."""
+    are the same either way. About 250 bytes per cached piece, at most 100,000 pieces (25 MB) per tokenizer."""
 
 
 class LoadSettings(_Strict):
