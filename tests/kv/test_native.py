@@ -132,6 +132,58 @@ def test_prefix_index_is_the_same_compiled_or_not(seed: int, n_workers: int, mon
     assert any(any(o) for o in compiled[0])  # the queries found something
 
 
+
+def _routed_state(core: object) -> object:
+    """Two precise workers holding parts of a prompt; the prompt routed to each (held blocks move to the end of the
+    worker's LRU, the rest become predictions): every slot's LRU in order, and the predictions."""
+    clock = iter(range(10**9))
+    index = PrefixIndex(clock=lambda: float(next(clock)))
+    index._core = core  # type: ignore[assignment]
+    for wid in ("a", "b"):
+        index.add_worker(wid, capacity_blocks=100)
+    rng = random.Random(5)
+    prompt = [rng.getrandbits(63) for _ in range(40)]
+    index.stored("a", prompt[:10] + prompt[20:25] + [7, 8, 9])
+    index.stored("b", prompt[30:])
+    index.record_routed("a", prompt)
+    index.record_routed("b", tuple(prompt[:35]))
+    index.record_routed("a", prompt[5:12])
+    slots = [(s.worker_id, list(s.held.items()), list(s.predicted.items())) for s in index._slots if s is not None]
+    return slots, dict(index._predicted), [q[2:] for q in index._prediction_queue]
+
+
+def test_record_routed_is_the_same_compiled_or_not() -> None:
+    """``PrefixIndex.record_routed``'s LRU pass (``_kvcore.touch_routed``) against the Python loop, LRU order
+    included; a compiled core built before the kernel existed takes the Python loop."""
+    assert native.NATIVE, native.WHY
+    assert hasattr(native.core, "touch_routed")
+
+    class OlderBuild:
+        def __getattr__(self, name: str) -> object:
+            if name == "touch_routed":
+                raise AttributeError(name)
+            return getattr(native.core, name)
+
+    compiled = _routed_state(native.core)
+    assert compiled == _routed_state(OlderBuild())
+    (_, a_lru, a_predicted), (_, _, b_predicted) = compiled[0]
+    assert len(a_lru) == 18 and len(a_predicted) == 25 and len(b_predicted) == 30
+    assert [h for h, _ in a_lru][:2] == [7, 8]  # a's routed blocks moved to the end of its LRU, behind the others
+
+
+def test_touch_routed_moves_held_hashes_and_returns_the_others() -> None:
+    assert native.core is not None, native.WHY
+    held = native.core.MaskTable()
+    lru = {1: "x", 2: "y", 3: "z"}
+    for h in lru:
+        held[h] = 0b10
+    held[4] = 0b01  # held by another slot only
+    assert native.core.touch_routed(held, lru, [2, 4, 1, 5], 0b10) == [4, 5]
+    assert list(lru.items()) == [(3, "z"), (2, "y"), (1, "x")]
+    with pytest.raises(KeyError):  # an LRU out of step with the table, as the Python loop's ``lru.pop``
+        native.core.touch_routed(held, {}, [3], 0b10)
+
+
 def _table_keys(rng: random.Random) -> list[int]:
     """Keys that collide and cluster (small ints), random 64-bit hashes, the int64 edges, and ints outside int64
     (kept by the table's dict)."""

@@ -8,7 +8,8 @@ Every function here is the compiled twin of a pure-Python definition, with equal
   per-item hashes (``PyObject_Hash`` of each token id, CPython's ``int`` hash of the parent);
 - ``overlap_walk``: the walk of ``PrefixIndex.overlap`` over the ``held`` / ``predicted`` tables (hash -> bitmask of
   slots), with masks of up to 64 slots as C integers;
-- ``store_precise`` / ``remove``: ``PrefixIndex.stored`` (precise workers) and ``PrefixIndex.removed``;
+- ``store_precise`` / ``remove`` / ``touch_routed``: ``PrefixIndex.stored`` (precise workers), ``PrefixIndex.removed``
+  and the LRU pass of ``PrefixIndex.record_routed`` (precise workers);
 - ``MaskTable``: the index's ``hash -> slot mask`` table as C integers (open addressing), with the dict methods the
   index uses (``get``, ``[]``, ``pop``, ``del``, ``len``, ``items``): the walk, store and removal above read and write
   it without a Python object per probe. ``PrefixIndex`` uses it while its masks fit 64 bits, else a dict.
@@ -370,3 +371,28 @@ def remove(MaskTable held, dict lru, hashes, uint64_t bit):
             continue
         PyDict_DelItem(lru, h)
         table_set(held, h, table_mask(held, h) & keep)
+
+
+def touch_routed(MaskTable held, dict lru, hashes, uint64_t bit):
+    """``PrefixIndex.record_routed``'s first loop for a precise worker of slot bit ``bit``: each hash the worker holds
+    moves to the end of its LRU (value kept); returns the others, in order (the blocks to predict)."""
+    cdef object seq = PySequence_Fast(hashes, "hashes must be a sequence")
+    cdef Py_ssize_t i
+    cdef object h
+    cdef object value
+    cdef PyObject* found
+    cdef list fresh = []
+    for i in range(PySequence_Fast_GET_SIZE(seq)):
+        if i >= PySequence_Fast_GET_SIZE(seq):
+            raise RuntimeError("hashes changed size while they were routed")
+        h = <object>PySequence_Fast_ITEMS(seq)[i]
+        if table_mask(held, h) & bit:
+            found = PyDict_GetItem(lru, h)
+            if found == NULL:
+                raise KeyError(h)
+            value = <object>found  # a strong reference: the deletion below must not free it
+            PyDict_DelItem(lru, h)
+            PyDict_SetItem(lru, h, value)
+        else:
+            fresh.append(h)
+    return fresh

@@ -209,14 +209,19 @@ class PrefixIndex:
             self.stored(worker_id, hashes)
             return
         bit = 1 << index
-        held_get = self._held.get
         lru = slot.held
-        fresh: list[BlockHash] = []
-        for h in hashes:
-            if held_get(h, 0) & bit:  # the engine is about to use it: keep the LRU close to the engine's own order
-                lru[h] = lru.pop(h)
-            else:
-                fresh.append(h)
+        touch = getattr(self._core, "touch_routed", None)  # None: pure Python, or a build older than this kernel
+        fresh: list[BlockHash]
+        if touch is not None:
+            fresh = touch(self._held, lru, hashes, bit)  # the loop below, compiled
+        else:
+            held_get = self._held.get
+            fresh = []
+            for h in hashes:
+                if held_get(h, 0) & bit:  # the engine is about to use it: keep the LRU close to the engine's own order
+                    lru[h] = lru.pop(h)
+                else:
+                    fresh.append(h)
         if not fresh or len(slot.predicted) + len(fresh) > slot.capacity:
             return
         expiry = self._clock() + self.predicted_ttl_s
