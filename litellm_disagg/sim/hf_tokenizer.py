@@ -17,7 +17,6 @@ have). Without it, a 4,000-word prompt costs the proxy 3-6 ms of pure-Python enc
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,23 +26,23 @@ from litellm_disagg.sim.protocol import ChatMessage
 from litellm_disagg.sized_lru import SizedLRU
 
 DEFAULT_MAX_CACHED_TOKENS = 1_000_000
-"""About 2 MB of ids (two bytes a token)."""
+"""8 MB of id references (plus the ids no other cache holds: up to 28 bytes each)."""
 
 MIN_CACHED_CHARS = 64
 """Shorter parts are encoded every time (cheaper than a cache entry)."""
 
-assert tokenizer.VOCAB_SIZE <= 1 << 16  # ids are kept as unsigned 16-bit
-
 
 class PartCache:
-    """Bounded LRU of a plain part's text -> its ids (``array('H')``); ``max_tokens`` bounds the sum of the cached
-    parts' lengths (a part longer than that is not cached). Thread-safe."""
+    """Bounded LRU of a plain part's text -> its ids (a tuple, as the router's token cache keeps a segment's: a list
+    extends from it without making an int per id, 10x faster than from an ``array('H')``, 40 us less per 4,000-token
+    prompt); ``max_tokens`` bounds the sum of the cached parts' lengths (a part longer than that is not cached).
+    Thread-safe."""
 
     def __init__(self, max_tokens: int = DEFAULT_MAX_CACHED_TOKENS):
         self.max_tokens = max_tokens
         self.hits = 0
         self.misses = 0
-        self._lru: SizedLRU[str, array[int]] = SizedLRU(max_tokens, len)
+        self._lru: SizedLRU[str, tuple[int, ...]] = SizedLRU(max_tokens, len)
 
     @property
     def tokens(self) -> int:
@@ -58,7 +57,7 @@ class PartCache:
         with self._lru.lock:
             return sum(len(p) for p in parts if len(p) < MIN_CACHED_CHARS or p not in entries)
 
-    def ids(self, part: str) -> array[int] | list[int]:
+    def ids(self, part: str) -> tuple[int, ...] | list[int]:
         """``tokenizer.encode_plain(part)``, from the cache when it holds ``part``."""
         if len(part) < MIN_CACHED_CHARS:
             return tokenizer.encode_plain(part)
@@ -67,7 +66,7 @@ class PartCache:
             self.hits += 1
             return found
         self.misses += 1
-        ids = array("H", tokenizer.encode_plain(part))
+        ids = tuple(tokenizer.encode_plain(part))
         self._lru.put(part, ids)  # another thread may have put the same ids meanwhile: replaced, same value
         return ids
 
