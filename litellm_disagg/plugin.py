@@ -33,6 +33,7 @@ from litellm_disagg import passthrough_guard, stream_finalizer_guard
 from litellm_disagg.discovery.factory import make_registry
 from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.engines.base import Endpoint
+from litellm_disagg.gc_freeze import freeze_startup_heap
 from litellm_disagg.observability.serve import MetricsServer, serve
 from litellm_disagg.routing.controller import DisaggController
 from litellm_disagg.routing.deployments import worker_id_of
@@ -143,6 +144,7 @@ class DisaggPlugin(CustomLogger):
                     settings = settings or load_settings(getattr(proxy_server, "user_config_file_path", None))
                     await self.attach(router, settings)
                     logger.info("litellm-disagg attached to the proxy's router (registry: %s)", settings.registry)
+                    freeze_startup_heap()  # once: full collections no longer walk the start-up heap (gc_freeze.py)
                     if self.metrics_server is None:
                         self.metrics_server = await asyncio.to_thread(serve, settings.metrics)
                 except Exception:
