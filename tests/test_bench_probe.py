@@ -25,7 +25,7 @@ def test_summary_splits_proxy_in_by_stage_and_counts_lag_and_events(tmp_path):
     path = tmp_path / "probe.jsonl"
     lines = [
         {"user": "c#0", "asgi": 10.002, "pre_hook": 10.005, "route_start": 10.006, "route_end": 10.008,
-         "pre_api": 10.010},
+         "route_cpu": 0.0005, "pre_api": 10.010},
         {"lag": 0.012, "t": 10.5}, {"lag": 0.003, "t": 11.0}, {"lag": 0.050, "t": 99.0},  # the last: after the load
         {"events": 5, "t": 9.0}, {"events": 25, "t": 12.0}, {"threads": {"7": "MainThread"}, "t": 12.0},
     ]
@@ -36,6 +36,7 @@ def test_summary_splits_proxy_in_by_stage_and_counts_lag_and_events(tmp_path):
     text = probe_report.summary("kv_aware", path, [result], [trace], (9.5, 19.5), {7: 1.0}, {7: 3.5})
     assert "client>asgi 2.0 / 2.0" in text and "asgi>pre_hook 3.0" in text and "route 2.0" in text
     assert "pre_api>worker 5.0" in text
+    assert "route: 0.50 / 0.50 ms of the event loop thread's CPU (p50 / p90), 2.00 / 2.00 ms wall" in text
     assert "2 wake-ups >1 ms late, total 15 ms; >5 ms 1, >10 ms 1, >20 ms 0" in text
     assert "KV event messages received during the load: 20 (2/s)" in text
     assert "MainThread 2.50" in text

@@ -6,15 +6,17 @@ Per request (named by the ``user`` the load generator sends), on the machine's m
 
     asgi        the proxy's ASGI app was called for it (uvicorn parsed the request)
     pre_hook    LiteLLM's pre-call hooks ran (after auth and body parsing)
-    route_start / route_end   litellm-disagg's deployment selection (KV arm only)
+    route_start / route_end   litellm-disagg's deployment selection (KV arm only); route_cpu: the event loop
+                              thread's CPU seconds in between (``time.thread_time``)
     pre_api     LiteLLM is about to send it to the worker
 
 and, every 2 ms, how late a ``sleep`` woke up (the event loop's lag): samples over 1 ms are written with their time.
 Once a second it also writes the process's threads (native id -> name), for per-thread CPU from ``/proc``, and the
 KV event messages received so far; every garbage collection is written with its length.
 
-Experiments, through the environment: ``BENCH_SWITCH_INTERVAL`` (``sys.setswitchinterval`` in the proxy) and
-``BENCH_PREFILL_POLL_S`` (the KV router's prefill watch period, ``routing/kv/router.py`` ``PREFILL_POLL_S``).
+Experiments, through the environment: ``BENCH_SWITCH_INTERVAL`` (``sys.setswitchinterval`` in the proxy),
+``BENCH_PREFILL_POLL_S`` (the KV router's prefill watch period, ``routing/kv/router.py`` ``PREFILL_POLL_S``) and
+``BENCH_PROFILE_ROUTE`` (a file: cProfile of the selections, written every 20 of them; the KV arm only).
 """
 
 from __future__ import annotations
@@ -158,15 +160,35 @@ class Probe(CustomLogger):
         if getattr(original, "_bench_probe", False):
             return
 
+        profile_to = os.environ.get("BENCH_PROFILE_ROUTE")
+        profiler = None
+        if profile_to:  # experiment: cProfile the selections (and whatever runs while one awaits) into this file
+            import cProfile
+
+            profiler = cProfile.Profile()
+        calls = [0]
+
         async def timed(strategy: Any, *args: Any, **kwargs: Any) -> Any:
             record = _record.get()
             if record is not None:
                 record["route_start"] = time.monotonic()
+                cpu = time.thread_time()
+            if profiler is not None:
+                profiler.enable()
             try:
                 return await original(strategy, *args, **kwargs)
             finally:
+                if profiler is not None:
+                    profiler.disable()
+                    calls[0] += 1
+                    if calls[0] % 20 == 0:  # the proxy is killed, not shut down: write as it goes
+                        profiler.dump_stats(profile_to)
                 if record is not None:
                     record["route_end"] = time.monotonic()
+                    # The event loop thread's CPU meanwhile: the selection's own, plus any other task's that ran
+                    # while it awaited (a later turn's selection awaits nothing that suspends); the rest of
+                    # ``route`` is waiting for a core or the GIL.
+                    record["route_cpu"] = time.thread_time() - cpu
 
         timed._bench_probe = True  # type: ignore[attr-defined]
         DisaggRoutingStrategy.async_get_available_deployment = timed  # type: ignore[method-assign]

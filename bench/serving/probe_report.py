@@ -96,6 +96,12 @@ def summary(arm: str, path: Path, results: Sequence[RequestResult], traces: Sequ
     lines = [f"{arm}: probe, {len(records)} requests timed; proxy_in by stage (ms, p50 / p90)"]
     lines.append("  " + ", ".join(f"{k} {percentile(v, 0.5):.1f} / {percentile(v, 0.9):.1f}"
                                   for k, v in stages.items() if v))
+    route_cpu = [records[r.user]["route_cpu"] * 1e3 for r in results
+                 if r.error is None and "route_cpu" in records.get(r.user, {})]
+    if route_cpu:
+        lines.append(f"  route: {percentile(route_cpu, 0.5):.2f} / {percentile(route_cpu, 0.9):.2f} ms of the event "
+                     f"loop thread's CPU (p50 / p90), {percentile(stages['route'], 0.5):.2f} / "
+                     f"{percentile(stages['route'], 0.9):.2f} ms wall")
     seconds = window[1] - window[0]
     if lags:
         lags.sort()
