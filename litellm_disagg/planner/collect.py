@@ -8,6 +8,8 @@
                  queued prefill tokens              in the proxy: ``Accounting``; standalone: unknown (0)
     per model    TTFT, ITL percentiles              ``LatencySource``: this process's histograms (in the proxy) or
                                                     the proxies' ``/metrics`` pages (standalone)
+                 prefill time                       the same sources: a remote prefill's route time (arrival to the
+                                                    prefill's answer) and a local prefill's TTFT, added up
                  KV transfer time                   the workers' NIXL counters (the load scraper's transfer samples)
                  prefill rate                       in the proxy with KV routing: the remote-or-local decision's
                                                     fitted prefill line; otherwise unknown (queue term skipped)
@@ -33,9 +35,13 @@ from litellm_disagg.planner.signals import ClusterSignals, LatencyWindow, ModelS
 from litellm_disagg.planner.window import (
     HistogramTotals,
     HistogramWindow,
+    LabelFilter,
     MeanWindow,
-    page_histograms,
-    registry_histograms,
+    SampleLike,
+    add_totals,
+    histogram_totals,
+    page_samples,
+    registry_samples,
 )
 from litellm_disagg.routing.kv.load_scraper import LoadScraper, TransferSample
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
@@ -44,6 +50,12 @@ logger = logging.getLogger(__name__)
 
 TTFT_METRIC = "litellm_disagg_time_to_first_token_seconds"
 ITL_METRIC = "litellm_disagg_inter_token_latency_seconds"
+ROUTE_METRIC = "litellm_disagg_route_seconds"
+
+REMOTE_PREFILL: LabelFilter = ("mode", frozenset({"disaggregated"}))
+"""Requests prefilled on a prefill worker: their route time runs from arrival to the prefill's answer."""
+LOCAL_PREFILL: LabelFilter = ("mode", frozenset({"local_prefill", "aggregated"}))
+"""Requests prefilled by the worker that decodes them: their TTFT is their prefill time."""
 
 
 @dataclass(frozen=True)
@@ -52,20 +64,35 @@ class LatencyTotals:
 
     ttft: HistogramTotals | None = None
     itl: HistogramTotals | None = None
+    prefill: HistogramTotals | None = None
+    """Prefill time (``ModelSignals.prefill_time``): the route-time histogram of the requests prefilled remotely
+    (arrival to the prefill's answer, streamed or not) plus the TTFT histogram of those prefilled locally. Both
+    histograms have the same buckets (``metrics.TTFT_BUCKETS``), so they add up bucket by bucket. Unlike the TTFT it
+    holds no decode-side wait (a pull queued for KV blocks on a full decode worker)."""
 
 
 class LatencySource(Protocol):
     async def read(self) -> Mapping[str, LatencyTotals]:
-        """Per served model, the cumulative TTFT and ITL histograms now."""
+        """Per served model, the cumulative TTFT, ITL and prefill-time histograms now."""
         ...
+
+
+def latency_totals(samples: Sequence[SampleLike]) -> dict[str, LatencyTotals]:
+    """Per model, the three histograms, from samples of the TTFT, ITL and route-time metrics (a page's or this
+    process's registry's)."""
+    ttft = histogram_totals(samples, TTFT_METRIC)
+    itl = histogram_totals(samples, ITL_METRIC)
+    remote = histogram_totals(samples, ROUTE_METRIC, where=REMOTE_PREFILL)
+    local = histogram_totals(samples, TTFT_METRIC, where=LOCAL_PREFILL)
+    return {model: LatencyTotals(ttft.get(model), itl.get(model), add_totals(remote.get(model), local.get(model)))
+            for model in set(ttft) | set(itl) | set(remote)}
 
 
 class InProcessLatency:
     """The proxy's own histograms (``observability/metrics.py``), read from this process's registry."""
 
     async def read(self) -> Mapping[str, LatencyTotals]:
-        ttft, itl = registry_histograms(m.TTFT), registry_histograms(m.ITL)
-        return {model: LatencyTotals(ttft.get(model), itl.get(model)) for model in set(ttft) | set(itl)}
+        return latency_totals([s for metric in (m.TTFT, m.ITL, m.ROUTE) for s in registry_samples(metric)[1]])
 
 
 class ProxyPagesLatency:
@@ -82,15 +109,15 @@ class ProxyPagesLatency:
     async def read(self) -> Mapping[str, LatencyTotals]:
         client = self._http()
         pages = await asyncio.gather(*(self._page(client, url) for url in self.urls))
-        merged: dict[str, dict[str, HistogramTotals]] = {TTFT_METRIC: {}, ITL_METRIC: {}}
+        merged: dict[str, LatencyTotals] = {}
         for page in pages:
             if page is None:
                 continue
-            for name, per_model in page_histograms(page, (TTFT_METRIC, ITL_METRIC)).items():
-                for model, totals in per_model.items():
-                    merged[name][model] = _add(merged[name].get(model), totals)
-        ttft, itl = merged[TTFT_METRIC], merged[ITL_METRIC]
-        return {model: LatencyTotals(ttft.get(model), itl.get(model)) for model in set(ttft) | set(itl)}
+            for model, totals in latency_totals(page_samples(page, (TTFT_METRIC, ITL_METRIC, ROUTE_METRIC))).items():
+                before = merged.get(model, LatencyTotals())
+                merged[model] = LatencyTotals(add_totals(before.ttft, totals.ttft), add_totals(before.itl, totals.itl),
+                                              add_totals(before.prefill, totals.prefill))
+        return merged
 
     async def _page(self, client: httpx.AsyncClient, url: str) -> str | None:
         try:
@@ -110,15 +137,6 @@ class ProxyPagesLatency:
         if self._own and self._client is not None:
             await self._client.aclose()
             self._client = None
-
-
-def _add(a: HistogramTotals | None, b: HistogramTotals) -> HistogramTotals:
-    if a is None:
-        return b
-    counts = dict(a.buckets)
-    for le, c in b.buckets:
-        counts[le] = counts.get(le, 0.0) + c
-    return HistogramTotals(tuple(sorted(counts.items())), a.count + b.count)
 
 
 class SignalCollector:
@@ -142,6 +160,7 @@ class SignalCollector:
         self._prefill_rate = prefill_rate
         self._ttft: dict[str, HistogramWindow] = {}
         self._itl: dict[str, HistogramWindow] = {}
+        self._prefill: dict[str, HistogramWindow] = {}
         self._transfer: dict[str, MeanWindow] = {}
         self._model_of: dict[str, str] = {}
         self._now = 0.0
@@ -168,6 +187,8 @@ class SignalCollector:
                 self._ttft.setdefault(model, HistogramWindow(window)).add(now, totals.ttft)
             if totals.itl is not None:
                 self._itl.setdefault(model, HistogramWindow(window)).add(now, totals.itl)
+            if totals.prefill is not None:
+                self._prefill.setdefault(model, HistogramWindow(window)).add(now, totals.prefill)
         loads = self.scraper.lookup()
         rate = self._prefill_rate() if self._prefill_rate is not None else None
         by_model: dict[str, list[WorkerSignals]] = {}
@@ -192,6 +213,7 @@ class SignalCollector:
             if model not in by_model:
                 continue
             ttft, itl, transfer = self._ttft.get(model), self._itl.get(model), self._transfer.get(model)
+            prefill = self._prefill.get(model)
             models.append(ModelSignals(
                 model,
                 tuple(by_model[model]),
@@ -199,6 +221,7 @@ class SignalCollector:
                 itl.window(q) if itl else LatencyWindow(),
                 transfer.window(now) if transfer else LatencyWindow(),
                 rate,
+                prefill.window(q) if prefill else LatencyWindow(),
             ))
         return ClusterSignals(tuple(models))
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,7 +23,7 @@ from litellm_disagg.engines import prom_text
 from litellm_disagg.planner.signals import LatencyWindow
 
 
-class _SampleLike(Protocol):
+class SampleLike(Protocol):
     @property
     def name(self) -> str: ...
 
@@ -71,15 +71,22 @@ class HistogramTotals:
         return lower
 
 
-def histogram_totals(samples: Iterable[_SampleLike], name: str, *, by: str = "model") -> dict[str, HistogramTotals]:
-    """``name``'s histogram per value of label ``by`` (other labels, e.g. ``mode``, added up), from samples of a
-    page or of a registry (``name_bucket`` with ``le``, ``name_count``)."""
+LabelFilter = tuple[str, Collection[str]]
+"""(label, values): only the samples whose ``label`` is one of ``values`` (e.g. ``("mode", {"disaggregated"})``)."""
+
+
+def histogram_totals(samples: Iterable[SampleLike], name: str, *, by: str = "model",
+                     where: LabelFilter | None = None) -> dict[str, HistogramTotals]:
+    """``name``'s histogram per value of label ``by`` (other labels, e.g. ``mode``, added up; with ``where``, only
+    the samples it admits), from samples of a page or of a registry (``name_bucket`` with ``le``, ``name_count``)."""
     buckets: dict[str, dict[float, float]] = {}
     counts: dict[str, float] = {}
     bucket_name, count_name = name + "_bucket", name + "_count"
     for sample in samples:
         key = sample.labels.get(by)
         if key is None or math.isnan(sample.value):
+            continue
+        if where is not None and sample.labels.get(where[0]) not in where[1]:
             continue
         if sample.name == bucket_name:
             try:
@@ -96,22 +103,48 @@ def histogram_totals(samples: Iterable[_SampleLike], name: str, *, by: str = "mo
             for key, per in buckets.items()}
 
 
+def page_samples(text: str, names: Iterable[str]) -> list[prom_text.Sample]:
+    """The samples of the histograms ``names`` on a Prometheus text page (for ``histogram_totals``)."""
+    wanted = prom_text.Wanted([n + suffix for n in names for suffix in ("_bucket", "_count")])
+    return list(prom_text.samples(text, wanted))
+
+
 def page_histograms(text: str, names: Iterable[str], *, by: str = "model") -> dict[str, dict[str, HistogramTotals]]:
     """Per histogram name, per label value: the histograms on a Prometheus text page."""
     names = tuple(names)
-    wanted = prom_text.Wanted([n + suffix for n in names for suffix in ("_bucket", "_count")])
-    found = list(prom_text.samples(text, wanted))
+    found = page_samples(text, names)
     return {name: histogram_totals(found, name, by=by) for name in names}
 
 
-def registry_histograms(metric: object, *, by: str = "model") -> dict[str, HistogramTotals]:
-    """A ``prometheus_client`` histogram of this process, per label value (its ``collect()``)."""
+def registry_samples(metric: object) -> tuple[str, list[SampleLike]]:
+    """A ``prometheus_client`` metric of this process: its name and its samples now (its ``collect()``)."""
     collect = getattr(metric, "collect", None)
     if collect is None:
+        return "", []
+    families = list(collect())
+    return (families[0].name if families else ""), [s for family in families for s in family.samples]
+
+
+def registry_histograms(metric: object, *, by: str = "model",
+                        where: LabelFilter | None = None) -> dict[str, HistogramTotals]:
+    """A ``prometheus_client`` histogram of this process, per label value (its ``collect()``)."""
+    name, samples = registry_samples(metric)
+    if not name:
         return {}
-    samples = [s for family in collect() for s in family.samples]
-    name = next((f.name for f in collect()), "")
-    return histogram_totals(samples, name, by=by)
+    return histogram_totals(samples, name, by=by, where=where)
+
+
+def add_totals(a: HistogramTotals | None, b: HistogramTotals | None) -> HistogramTotals | None:
+    """Two cumulative histograms added up, bucket by bucket (histograms with the same bounds: e.g. one metric's
+    label sets, or two metrics sharing their buckets); None when both are."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    counts = dict(a.buckets)
+    for le, c in b.buckets:
+        counts[le] = counts.get(le, 0.0) + c
+    return HistogramTotals(tuple(sorted(counts.items())), a.count + b.count)
 
 
 class HistogramWindow:
