@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import threading
 import tempfile
+import threading
 import time
 from pathlib import Path
 

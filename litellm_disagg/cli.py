@@ -92,7 +92,6 @@ _BIND_RETRIES = 3
 def _run_worker(args: argparse.Namespace) -> int:
     from litellm_disagg.engines.base import LaunchSpec
     from litellm_disagg.ports import free_port
-    from litellm_disagg.workers.bind_failure import BindFailure
     from litellm_disagg.workers.wrapper import LifecycleOptions, WorkerWrapper, default_worker_id
 
     engine = get_engine(args.engine)

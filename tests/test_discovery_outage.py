@@ -8,7 +8,7 @@ import litellm
 from litellm_disagg.discovery.consul.registry import ConsulRegistry
 from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.plugin import DisaggPlugin
-from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerState
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerState
 from litellm_disagg.settings import DisaggSettings
 
 from .consul_double import ConsulDouble

@@ -7,12 +7,12 @@ import httpx
 import pytest
 
 from litellm_disagg.engines.base import Endpoint
+from litellm_disagg.engines.vllm.transfer import VllmNixlProtocol
 from litellm_disagg.routing.accounting import Accounting
 from litellm_disagg.routing.cooldown import FailureCooldown
 from litellm_disagg.routing.orchestrator import Mode, NoPrefillAvailable, Orchestrator
 from litellm_disagg.routing.request import DisaggRequest
 from litellm_disagg.routing.route_plan import RoutePlan
-from litellm_disagg.engines.vllm.transfer import VllmNixlProtocol
 from litellm_disagg.runtime_config import VllmNixlTransfer
 from litellm_disagg.transfer.prefill import PrefillClient, PrefillRejected, PrefillUnavailable
 

@@ -1,7 +1,7 @@
 import pytest
 
-from litellm_disagg.routing.request import DisaggRequest, endpoint_of, record_call_type, strip_transfer_params
 from litellm_disagg.engines.base import Endpoint
+from litellm_disagg.routing.request import DisaggRequest, endpoint_of, record_call_type, strip_transfer_params
 
 
 def test_strip_removes_top_level_and_extra_body_params():

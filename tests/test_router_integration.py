@@ -12,7 +12,7 @@ import pytest
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.plugin import DisaggPlugin
-from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerState
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerState
 from litellm_disagg.settings import DisaggSettings
 
 from .support.fake_worker import ANSWER, FakeWorker

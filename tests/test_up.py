@@ -12,9 +12,9 @@ import json
 import os
 import re
 import signal
-import time
 import subprocess
 import sys
+import time
 
 import httpx
 import openai

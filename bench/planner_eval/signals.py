@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bench.planner_eval.routing import MODEL
 from litellm_disagg.planner.signals import ClusterSignals, LatencyWindow, ModelSignals, WorkerSignals
 from litellm_disagg.runtime_config import WorkerState
-
-from bench.planner_eval.routing import MODEL
 
 if TYPE_CHECKING:
     from bench.planner_eval.cluster import Cluster

@@ -45,7 +45,7 @@ async def refuses_connections(worker: RuntimeConfig, *, timeout_s: float = 1.0) 
         _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
     except ConnectionRefusedError:
         return True
-    except (OSError, asyncio.TimeoutError):
+    except (TimeoutError, OSError):
         return False
     writer.close()
     with contextlib.suppress(OSError):

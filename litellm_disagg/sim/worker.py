@@ -38,8 +38,8 @@ from litellm_disagg.runtime_config import (
     WorkerRole,
     WorkerState,
 )
-from litellm_disagg.sim.disagg_input import bootstrap_engine_id
 from litellm_disagg.sim.directory import DIRECTORY, EngineDirectory
+from litellm_disagg.sim.disagg_input import bootstrap_engine_id
 from litellm_disagg.sim.engine import SimEngine
 from litellm_disagg.sim.publisher import KVEventPublisher
 from litellm_disagg.sim.server import ServerState, build_app

@@ -25,9 +25,8 @@ from typing import Any
 
 import httpx
 
-from litellm_disagg.http_client import pooled_client
-
 from litellm_disagg.engines.base import Endpoint, InvalidTransfer, TransferHandle, TransferProtocol
+from litellm_disagg.http_client import pooled_client
 from litellm_disagg.runtime_config import RuntimeConfig
 
 logger = logging.getLogger(__name__)

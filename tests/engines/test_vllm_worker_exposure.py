@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 
-import psutil
 import pytest
 
 from litellm_disagg.engines.base import LaunchSpec

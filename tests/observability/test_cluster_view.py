@@ -24,7 +24,7 @@ def engine_page(finished: float, queries: float, hits: float) -> str:
         "# HELP vllm:num_requests_running running", f"vllm:num_requests_running{L} 2",
         f"vllm:num_requests_waiting{L} 1",
         f'vllm:request_success_total{{engine="0",finished_reason="stop",model_name="m"}} {finished - 5}',
-        f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="m"}} 5',
+        'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 5',
         f"vllm:kv_cache_usage_perc{L} 0.25",
         f"vllm:prefix_cache_queries_total{L} {queries}", f"vllm:prefix_cache_hits_total{L} {hits}", "",
     ])

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from litellm_disagg.planner.window import HistogramTotals, HistogramWindow, MeanWindow, page_histograms, registry_histograms
+from litellm_disagg.planner.window import (
+    HistogramTotals,
+    HistogramWindow,
+    MeanWindow,
+    page_histograms,
+    registry_histograms,
+)
 
 
 def _histogram() -> tuple[CollectorRegistry, Histogram]:

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from litellm_disagg.runtime_config import WorkerRole
-from litellm_disagg.sim import SimCluster
 from litellm_disagg.engines.base import Endpoint
 from litellm_disagg.engines.vllm.transfer import KVTransferParams, build_prefill_body
+from litellm_disagg.runtime_config import WorkerRole
+from litellm_disagg.sim import SimCluster
 
 from .conftest import by_source, chat_body, fast_settings, metric
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from litellm_disagg.runtime_config import SglangBootstrapTransfer, TrtllmDisaggTransfer, WorkerRole
+from litellm_disagg.runtime_config import SglangBootstrapTransfer, TrtllmDisaggTransfer
 from litellm_disagg.sim import SimCluster
 from litellm_disagg.sim.settings import EngineSettings
 

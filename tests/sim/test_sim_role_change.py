@@ -16,8 +16,8 @@ from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.sim import SimCluster
 
 from ..support.procs import MASTER_KEY, ProxyProc
-from ..support.registry_watch import eventually
 from ..support.proxy_configs import plugin_only
+from ..support.registry_watch import eventually
 from .conftest import fast_settings, metric
 
 SYSTEM = {"role": "system", "content": "You are a simulated model answering about pools that change. " * 6}

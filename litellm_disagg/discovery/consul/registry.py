@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from litellm_disagg.discovery.consul import roles
 from litellm_disagg.discovery.consul.codec import (
     ConfigTooLarge,
     KvDocument,
@@ -56,7 +57,6 @@ from litellm_disagg.discovery.consul.http import ConsulError, ConsulHttp, Consul
 from litellm_disagg.discovery.consul.reader import ConsulReader
 from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.discovery.consul.watch import ConsulWatch
-from litellm_disagg.discovery.consul import roles
 from litellm_disagg.discovery.registry import RegistryError
 from litellm_disagg.discovery.roles import RoleRequest, check_request
 from litellm_disagg.discovery.status import DiscoveryStatus
