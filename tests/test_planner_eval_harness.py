@@ -116,3 +116,31 @@ def test_the_planner_steps_with_the_first_arrival_unless_told_to_wait_one_interv
     late = _Recorder()
     Cluster(ClusterConfig(workers=2, first_tick_s=None), late).run(arrivals)
     assert late.ticks[:2] == [1.0, 2.0]
+
+
+def test_a_budget_near_the_ridge_lets_aggregated_workers_prefill_and_hold_the_itl():
+    # bench/planner_eval/budget.py: a step costs max(weight read, prefill tokens / rate) + decode sequences, so at a
+    # 512-token budget an aggregated worker's mixed steps stay near 30 ms while it prefills at most of its rate; at
+    # 2,048 a mixed step takes ~100 ms and the 40 ms ITL SLO fails under the same prompt-heavy load
+    from litellm_disagg.sim.settings import EngineSettings
+
+    arrivals = schedule([Segment("prompt-heavy", 4.0, 20.0)], seed=0)
+    target = slo.Slo()
+
+    def attained(budget: int) -> float:
+        config = ClusterConfig(workers=2, engine=EngineSettings(max_num_batched_tokens=budget))
+        result = Cluster(config, Static(0, 0, 2)).run(arrivals)
+        return slo.attainment(target, (r for r in result.requests if r.arrival >= 5.0))
+
+    assert attained(512) >= 0.9 > 0.5 > attained(2048)
+
+
+def test_the_planner_arms_start_from_the_layout_given():
+    from bench.planner_eval.arms import all_arms
+
+    config = ClusterConfig(workers=4, planner_start=(0, 0, 4))
+    arm = next(a for a in all_arms(slo.Slo(), config) if a.name == "planner")
+    policy = arm.make()
+    assert isinstance(policy, PlannerPolicy) and policy.start == (0, 0, 4)
+    default = next(a for a in all_arms(slo.Slo(), ClusterConfig(workers=4)) if a.name == "planner")
+    assert default.make().start == (2, 2, 0)

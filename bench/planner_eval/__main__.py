@@ -23,8 +23,18 @@ from bench.planner_eval.goodput import SearchSettings
 from bench.planner_eval.run import goodput_table, shift_timeline
 from bench.planner_eval.slo import Slo
 from bench.planner_eval.workload import PHASES, Segment
+from litellm_disagg.sim.settings import EngineSettings
 
 PLANNERS = ("planner", "planner (fast)", "planner (fast, prefill TTFT)")
+
+
+def _layout(text: str | None, workers: int) -> tuple[int, int, int] | None:
+    if text is None:
+        return None
+    parts = tuple(int(x) for x in text.split(","))
+    if len(parts) != 3 or min(parts) < 0 or sum(parts) != workers:
+        raise SystemExit(f"--planner-start: three counts (prefill,decode,both) adding up to {workers}, got {text!r}")
+    return parts[0], parts[1], parts[2]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration-s", type=float, default=SearchSettings.duration_s, help="arrivals per goodput probe")
     ap.add_argument("--warmup-s", type=float, default=SearchSettings.warmup_s, help="not counted in attainment")
     ap.add_argument("--tol", type=float, default=SearchSettings.rel_tol, help="goodput bisection's relative tolerance")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=EngineSettings().max_num_batched_tokens,
+                    help="every worker's step token budget (chunked prefill; default %(default)s, vLLM's): a smaller "
+                         "budget shortens the aggregated workers' mixed steps")
+    ap.add_argument("--planner-start", default=None, metavar="P,D,B",
+                    help="the planner arms' starting layout (prefill, decode, both workers; default the 1:1 split)")
     ap.add_argument("--first-tick-at-interval", action="store_true",
                     help="the planner's first step one interval after the load starts (the protocol before "
                          "2026-12-02) instead of with the first arrival")
@@ -54,12 +69,15 @@ def main(argv: list[str] | None = None) -> int:
         search = SearchSettings(duration_s=45.0, warmup_s=15.0, rel_tol=0.1)
         args.phase_s = min(args.phase_s, 60.0)
     slo = Slo(ttft_s=args.ttft_s, itl_s=args.itl_ms / 1e3)
-    config = ClusterConfig(workers=args.workers, first_tick_s=None if args.first_tick_at_interval else 0.0)
+    config = ClusterConfig(workers=args.workers, first_tick_s=None if args.first_tick_at_interval else 0.0,
+                           engine=EngineSettings(max_num_batched_tokens=args.max_num_batched_tokens),
+                           planner_start=_layout(args.planner_start, args.workers))
     arm_names = [a.name for a in all_arms(slo, config)]
     started = time.monotonic()
 
     cells = goodput_table(PHASES, arm_names, seeds, slo, config, search, jobs=args.jobs)
-    print(f"## Goodput (TTFT <= {slo.ttft_s:g} s, ITL <= {slo.itl_s * 1e3:g} ms, {args.workers} workers)\n")
+    print(f"## Goodput (TTFT <= {slo.ttft_s:g} s, ITL <= {slo.itl_s * 1e3:g} ms, {args.workers} workers, "
+          f"{args.max_num_batched_tokens}-token step budget)\n")
     print(f"Search: {search.duration_s:g} s of arrivals per probe, the first {search.warmup_s:g} s not counted, "
           f"bisection to {search.rel_tol:.0%}.\n")
     print(report.goodput_markdown(cells, PHASES, args.workers, PLANNERS))

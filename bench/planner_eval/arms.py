@@ -39,10 +39,11 @@ def planner_settings(slo: Slo, fast: bool) -> PlannerSettings:
 def _planner(slo: Slo, fast: bool, workers: int, config: ClusterConfig, prefill_ttft: bool = False) -> Arm:
     settings = planner_settings(slo, fast)
     half = workers // 2
+    start = config.planner_start or (half, workers - half, 0)
     name = ("planner (fast)" if fast else "planner") if not prefill_ttft else "planner (fast, prefill TTFT)"
     return Arm(
         name,
-        lambda: PlannerPolicy(settings, start=(half, workers - half, 0), name=name),
+        lambda: PlannerPolicy(settings, start=start, name=name),
         ClusterConfig(
             **{**config.__dict__, "signal_window_s": settings.window_s, "prefill_side_ttft": prefill_ttft}
         ),

@@ -69,6 +69,9 @@ class ClusterConfig:
     (``PlannerLoop.run``), so its first queue sample is the empty queue; None, one ``interval_s`` in (the protocol
     of the figures before that date: the planner's first sample is then already a backlog, and a trend takes a
     second one)."""
+    planner_start: tuple[int, int, int] | None = None
+    """The planner arms' layout at t = 0 as (prefill, decode, both) workers; None: the static 1:1 split (the headline
+    protocol). ``--planner-start`` of ``python -m bench.planner_eval``."""
     prefill_side_ttft: bool = False
     """The TTFT window the planner sees: False, each request's TTFT (what ``ModelSignals.ttft`` is defined as);
     True, for disaggregated requests only the prefill's part (arrival to prompt computed on the prefill worker), so
