@@ -33,7 +33,11 @@ How it decides, per served model, at every step:
                                                                            pull from them or the decode side's
                                                                            capacity terms would reach ``headroom``
    overloaded     a side is above 1 and the other has no headroom          none (desired sizes grow that side)
-   prefill_bound  prefill > 1, decode < ``headroom``                       both, then decode -> prefill; none
+   prefill_bound  prefill > 1, decode < ``headroom``                       both (beside decode workers), then
+                                                                           decode -> prefill; without decode
+                                                                           workers none (every worker prefills
+                                                                           its own prompts already: a worker
+                                                                           more is desired); none
                                                                            while the queue wait is known, under
                                                                            ``aggregate_below`` and not trending
                                                                            past the SLO (the window holds a past
@@ -386,11 +390,19 @@ def decode_misses(p: Pressures, settings: PlannerSettings) -> bool:
     return (p.itl_ratio or 0.0) >= settings.headroom or (p.ttft_ratio or 0.0) > 1.0
 
 
-def _routes(condition: Condition, p: Pressures, settings: PlannerSettings) -> list[tuple[WorkerRole, WorkerRole]]:
+def _routes(condition: Condition, p: Pressures, settings: PlannerSettings, *,
+            decode_workers: bool = True) -> list[tuple[WorkerRole, WorkerRole]]:
     """(from, to) role pairs to try, in order, for a condition that asks for a move (``mixing_costly``:
-    ``split_routes``)."""
+    ``split_routes``). ``decode_workers``: the layout has ``decode`` workers (a prefill worker's prompts go to them;
+    ``both`` workers serve their own)."""
     if condition is Condition.PREFILL_BOUND:
         if queue_keeps_up(p, settings):
+            return []
+        if not decode_workers:
+            # every worker is ``both`` or prefill and already prefills, and the decode side has headroom (its ITL
+            # within the SLO: the mixed steps are not what limits): a ``both`` worker moved to prefill adds no
+            # prefill capacity, takes its decode capacity away, and where ``both`` workers prefill their own prompts
+            # gets none (no decode worker pulls from it). No role change helps; the desired sizes ask for a worker.
             return []
         return [(WorkerRole.BOTH, WorkerRole.PREFILL), (WorkerRole.DECODE, WorkerRole.PREFILL)]
     if condition is Condition.DECODE_BOUND:
@@ -543,11 +555,16 @@ class Planner:
         held: str | None = None
         no_candidate = False
         layout = current
-        routes = split_routes(p, model, s) if condition is Condition.MIXING_COSTLY else _routes(condition, p, s)
+        decode_workers = bool(model.with_role(WorkerRole.DECODE))
+        routes = (split_routes(p, model, s) if condition is Condition.MIXING_COSTLY
+                  else _routes(condition, p, s, decode_workers=decode_workers))
         if condition is Condition.DECODE_BOUND and not routes:
             held = "decode full, latencies within their SLOs: prefill is busy, nothing to move"
-        elif condition is Condition.PREFILL_BOUND and not routes:
+        elif condition is Condition.PREFILL_BOUND and not routes and queue_keeps_up(p, s):
             held = "prefill queue short and not growing: the latency window holds a past backlog"
+        elif condition is Condition.PREFILL_BOUND and not routes:
+            held = "no decode worker: every worker prefills already, a role change adds no prefill; a worker more"
+            no_candidate = True
         # a prefill queue that rose at each of the last ``hysteresis_steps`` samples, all taken on the layout serving
         # now, is that many steps of fresh evidence by itself: it needs neither a streak of the condition nor a
         # latency window that postdates the last move (when that move was toward prefill too)

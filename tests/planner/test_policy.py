@@ -147,8 +147,19 @@ def test_prefill_bound_moves_least_busy_decode_worker_to_prefill() -> None:
     assert (decision.current.prefill, decision.current.decode) == (1, 3)
 
 
-def test_prefill_bound_from_aggregated_splits_a_both_worker() -> None:
+def test_prefill_bound_from_aggregated_moves_nothing_and_asks_for_a_worker_more() -> None:
+    # every worker of an all-``both`` layout already prefills (its own prompts): a ``both`` worker moved to prefill
+    # gets no prompt from a decode worker (there is none) and its decode capacity is gone, so no role change adds
+    # prefill capacity; the desired sizes grow by one ``both`` worker instead
     step = Planner(settings()).step(cluster(layout(0, 0, 3), ttft=3000, itl=10), now=0)
+    decision = step.decisions[0]
+    assert decision.condition is Condition.PREFILL_BOUND and step.moves == ()
+    assert decision.held is not None and "no decode worker" in decision.held
+    assert (decision.desired.prefill, decision.desired.decode, decision.desired.both) == (0, 0, 4)
+
+
+def test_prefill_bound_beside_decode_workers_still_splits_a_both_worker() -> None:
+    step = Planner(settings()).step(cluster(layout(0, 1, 2), ttft=3000, itl=10), now=0)
     assert [(m.from_role, m.to_role) for m in step.moves] == [(B, P)]
 
 
