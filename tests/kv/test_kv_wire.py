@@ -86,9 +86,12 @@ def compiled(applier: EventApplier, frames: Frames) -> bool:
 
 
 def state(index: PrefixIndex, applier: EventApplier) -> object:
-    slots = [None if s is None else (s.worker_id, list(s.held.items())) for s in index._slots]
+    slots = [
+        None if s is None else (s.worker_id, list(s.held.items()), list(s.predicted.items())) for s in index._slots
+    ]
     stats = dataclasses.replace(applier.stats, last_applied_at=None, last_batch_ts=None)
-    return list(index._held.items()), slots, dict(applier._ours.items()), stats, repr(applier.stats.last_batch_ts)
+    held = list(index._held.items())
+    return held, slots, dict(index._predicted), dict(applier._ours.items()), stats, repr(applier.stats.last_batch_ts)
 
 
 # -- random streams -----------------------------------------------------------------------------------------------------
@@ -222,16 +225,27 @@ class Stream:
 
 @pytest.mark.parametrize("seed", range(8))
 def test_random_streams_give_the_same_state_message_by_message(seed: int) -> None:
-    """The Python path on the pure-Python applier (its translations a dict) against the compiled path."""
+    """The Python path on the pure-Python applier (its translations a dict) against the compiled path, with routed
+    requests' predictions in between (stores confirm them: through the compiled path's sink, or the index)."""
     stream = Stream(seed)
     py_index, py_applier = fresh(pure=True, on_gap="clear" if seed % 3 == 0 else "keep")
     c_index, c_applier = fresh(on_gap="clear" if seed % 3 == 0 else "keep")
     taken = 0
     messages = [stream.message() for _ in range(600)]
+    routed = random.Random(seed + 100)
+    through_sink = 0
     for frames in messages:
+        if routed.random() < 0.1:  # the router sends a request: predictions that later stores confirm
+            doc = routed.choice(stream.docs)
+            predicted = chain_hashes(doc, BS, root_hash(None))[: routed.randrange(1, len(doc) // BS + 1)]
+            py_index.record_routed("w", predicted)
+            c_index.record_routed("w", predicted)
         python_path(py_applier, frames)
         taken += compiled(c_applier, frames)
         assert state(c_index, c_applier) == state(py_index, py_applier), msgpack.unpackb(frames[2])
+        sink = c_applier._sink
+        through_sink += sink is not None and sink.valid and sink.fast
+    assert through_sink > len(messages) // 2  # the compiled path reached the index through its sink
     stats = c_applier.stats
     assert stats.stored_blocks > 300 and stats.removed_blocks > 100 and stats.skipped_blocks and stats.ignored_events
     assert taken > 0.75 * len(messages)  # the compiled path took most messages

@@ -82,20 +82,41 @@ def _ops(
     return ops
 
 
-def _run(ops: list[tuple[str, str, list[int]]], n_workers: int, queries: list[list[int]]) -> object:
+def _run(
+    ops: list[tuple[str, str, list[int]]], n_workers: int, queries: list[list[int]], *, sinks: bool = False
+) -> object:
+    """Apply ``ops``; ``sinks``: stores and removals through each worker's ``PrefixIndex.precise_sink`` as the
+    compiled KV-event path makes them (kept until stale; the index's method when the sink does not apply)."""
     clock = iter(range(10**9))
     index = PrefixIndex(clock=lambda: float(next(clock)))
     for i in range(n_workers):
         # Some approximate workers (their stores take the Python path in both runs), most precise.
         index.add_worker(f"w{i}", capacity_blocks=150, ttl_s=1e6 if i % 5 == 4 else None)
+    held_sinks: dict[str, object] = {}
+
+    def sink(wid: str) -> object:
+        current = held_sinks.get(wid)
+        if current is None or not current.valid:  # type: ignore[attr-defined]
+            current = held_sinks[wid] = index.precise_sink(wid)
+        return current
+
     overlaps = []
     for step, (kind, wid, hashes) in enumerate(ops):
         if kind == "stored":
-            index.stored(wid, hashes)
+            if not (sinks and sink(wid).stored(hashes)):  # type: ignore[attr-defined]
+                index.stored(wid, hashes)
         elif kind == "removed":
-            index.removed(wid, iter(hashes) if step % 2 else hashes)
+            hs = iter(hashes) if step % 2 else hashes
+            if not (sinks and sink(wid).removed(hs)):  # type: ignore[attr-defined]
+                index.removed(wid, hs)
         elif kind == "routed":
             index.record_routed(wid, hashes)
+        elif kind == "resize":  # capacity and mode of a known worker (the trim runs at once when it shrinks)
+            index.add_worker(wid, capacity_blocks=hashes[0], ttl_s=1e6 if hashes[1] else None)
+        elif kind == "leave":
+            index.remove_worker(wid)
+        elif kind == "join":
+            index.add_worker(wid, capacity_blocks=hashes[0], ttl_s=None)
         else:
             index.cleared(wid)
         if step % 7 == 0:
@@ -252,6 +273,76 @@ def test_prefix_index_is_the_same_compiled_or_not_at_scale(monkeypatch: pytest.M
         pure = _run(ops, 60, queries)
     assert compiled == pure
     assert any(any(o) for o in compiled[0])
+
+
+def _worker_churn(rng: random.Random, ops: list[tuple[str, str, list[int]]], n_workers: int) -> None:
+    """Insert worker changes into ``ops``: capacity and mode changes, departures, returns and new workers (enough of
+    them that the index passes 64 slots half-way and leaves the compiled core)."""
+    joined = n_workers
+    for position in sorted(rng.sample(range(len(ops)), len(ops) // 20), reverse=True):
+        roll = rng.random()
+        wid = f"w{rng.randrange(joined)}"
+        if roll < 0.35:
+            ops.insert(position, ("resize", wid, [rng.randrange(20, 200), int(rng.random() < 0.2)]))
+        elif roll < 0.6:
+            ops.insert(position, ("leave", wid, []))
+        elif roll < 0.8:
+            ops.insert(position, ("join", wid, [rng.randrange(20, 200)]))  # back (or a capacity change)
+        else:
+            ops.insert(position, ("join", f"w{joined}", [150]))
+            joined += 1
+
+
+@pytest.mark.parametrize(("seed", "n_workers"), [(21, 6), (22, 40), (23, 60)])
+def test_precise_sinks_apply_as_the_index_methods(seed: int, n_workers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stores and removals through ``PrefixIndex.precise_sink`` (as ``_kvwire`` applies them) against the index's own
+    methods and the pure-Python index: equal state after random streams with predictions to confirm, trims, clears
+    and worker churn (each change makes the sinks handed out stale; past 64 slots they stop applying anything)."""
+    assert native.NATIVE, native.WHY
+    rng = random.Random(seed)
+    docs = [chain_hashes_py([rng.randrange(1000) for _ in range(16 * 60)], 16) for _ in range(10)]
+    ops = _ops(rng, docs, n_workers, 2500, [45, 25, 20, 2, 12], lambda: rng.getrandbits(63), 40, 30)
+    _worker_churn(rng, ops, n_workers)
+    queries = [doc[: rng.randrange(1, len(doc))] for doc in docs] + [[rng.getrandbits(63)]]
+    through_sinks = _run(ops, n_workers, queries, sinks=True)
+    assert through_sinks == _run(ops, n_workers, queries)
+    with monkeypatch.context() as m:
+        m.setattr(prefix_index, "_native", None)
+        m.setattr(block_hash, "_native", None)
+        assert through_sinks == _run(ops, n_workers, queries, sinks=False)
+    assert any(any(o) for o in through_sinks[0])  # type: ignore[index]
+
+
+def test_a_precise_sink_applies_only_what_it_should() -> None:
+    """A precise worker's sink applies stores (confirming predictions) and removals; one for an approximate or unknown
+    worker applies nothing; every change to the index's slots makes the sinks handed out stale."""
+    assert native.NATIVE, native.WHY
+    index = PrefixIndex()
+    index.add_worker("p", capacity_blocks=32)
+    index.add_worker("a", capacity_blocks=32, ttl_s=60.0)
+    precise, approximate, unknown = index.precise_sink("p"), index.precise_sink("a"), index.precise_sink("x")
+    assert precise.fast and not approximate.fast and not unknown.fast
+    assert not approximate.stored([1, 2]) and not approximate.removed([1]) and not unknown.stored([1])
+    assert index.blocks("a") == 0
+    index.record_routed("p", [1, 2, 3])
+    assert index.has_predictions
+    assert precise.stored([1, 2, 3, 4])
+    assert index.overlap([1, 2, 3, 4], predicted=False) == {"p": 4} and not index.has_predictions
+    assert precise.removed([2, 9])
+    assert [index.holds("p", h) for h in (1, 2, 3, 4, 9)] == [True, False, True, True, False]
+    assert precise.stored(list(range(100, 140)))  # past capacity 32: trimmed to 30, the oldest first
+    assert index.blocks("p") == 30 and index.holds("p", 139) and not index.holds("p", 1)
+    for change in (
+        lambda: index.add_worker("p", capacity_blocks=64),
+        lambda: index.add_worker("new", capacity_blocks=8),
+        lambda: index.cleared("p"),
+        lambda: index.remove_worker("a"),
+    ):
+        sink = index.precise_sink("p")
+        assert sink.valid and sink.fast
+        change()
+        assert not sink.valid and not sink.stored([5]) and not sink.removed([139])
+    assert not index.holds("p", 5)
 
 
 def test_the_package_routes_without_the_extension() -> None:

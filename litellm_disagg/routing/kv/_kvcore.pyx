@@ -12,7 +12,9 @@ Every function here is the compiled twin of a pure-Python definition, with equal
   and the LRU pass of ``PrefixIndex.record_routed`` (precise workers);
 - ``MaskTable``: the index's ``hash -> slot mask`` table as C integers (open addressing), with the dict methods the
   index uses (``get``, ``[]``, ``pop``, ``del``, ``len``, ``items``): the walk, store and removal above read and write
-  it without a Python object per probe. ``PrefixIndex`` uses it while its masks fit 64 bits, else a dict.
+  it without a Python object per probe. ``PrefixIndex`` uses it while its masks fit 64 bits, else a dict;
+- ``PreciseSink``: ``PrefixIndex.stored`` / ``removed`` for one precise worker (``PrefixIndex.precise_sink``), which
+  the compiled KV-event path calls without a Python frame per message.
 
 ``native.py`` checks ``chain_hashes`` against the Python definition at import and falls back to pure Python on any
 difference (another interpreter's tuple hash) or when this module is missing.
@@ -396,3 +398,114 @@ def touch_routed(MaskTable held, dict lru, hashes, uint64_t bit):
         else:
             fresh.append(h)
     return fresh
+
+
+cdef class PreciseSink:
+    """``PrefixIndex.stored`` / ``removed`` for one precise worker, callable without a Python frame (the compiled
+    KV-event path, ``_kvwire``, calls it once per run of stores or removals instead of the index's Python methods).
+
+    Made by ``PrefixIndex.precise_sink``, which holds on to it and clears ``valid`` whenever the worker's slot may
+    have changed (a worker added, removed, cleared or re-sized, the index leaving the compiled core): the caller
+    then asks for a new one. Either method returns False, having done nothing, when it does not apply (no longer
+    valid; the worker is unknown or approximate, or the index is not on the compiled core, when it was made): the
+    caller then calls the index's method, which does the same thing in Python. Otherwise it does exactly what that
+    method does: stored blocks replace the worker's predictions of them first (its ``predicted`` entries and its bit
+    in the index's ``all_predicted``), then the same LRU order and the same trim past capacity (``trim``: the index's
+    own, a Python call once per ``capacity / 16`` stores or so)."""
+
+    cdef public bint valid
+    cdef MaskTable held  # None: no fast path for this worker
+    cdef dict lru
+    cdef dict predicted
+    cdef dict all_predicted
+    cdef uint64_t bit
+    cdef Py_ssize_t capacity
+    cdef object no_expiry
+    cdef object trim
+
+    def __init__(self, held=None, dict lru=None, dict predicted=None, dict all_predicted=None, uint64_t bit=0,
+                 Py_ssize_t capacity=0, no_expiry=None, trim=None):
+        self.valid = True
+        self.held = held  # TypeError unless a MaskTable or None
+        self.lru, self.predicted, self.all_predicted, self.bit = lru, predicted, all_predicted, bit
+        self.capacity, self.no_expiry, self.trim = capacity, no_expiry, trim
+        if held is not None and (lru is None or predicted is None or all_predicted is None or bit == 0 or trim is None):
+            raise ValueError("a PreciseSink with a table needs the worker's LRU and predictions, the index's "
+                             "predictions, its slot bit and trim")
+
+    @property
+    def fast(self):
+        """Whether it applies events itself (a precise worker on the compiled core when it was made)."""
+        return self.held is not None
+
+    def stored(self, hashes):
+        """``PrefixIndex.stored(worker, hashes)``, or False (nothing done) when it does not apply."""
+        cdef object seq
+        cdef Py_ssize_t i
+        cdef uint64_t mask
+        cdef object h
+        cdef MaskTable held = self.held
+        cdef dict lru = self.lru
+        cdef uint64_t bit = self.bit
+        if not self.valid or held is None:
+            return False
+        seq = PySequence_Fast(hashes, "hashes must be a sequence")
+        if len(self.predicted):
+            self._confirm(seq)
+        for i in range(PySequence_Fast_GET_SIZE(seq)):
+            if i >= PySequence_Fast_GET_SIZE(seq):
+                raise RuntimeError("hashes changed size while they were stored")
+            h = <object>PySequence_Fast_ITEMS(seq)[i]
+            mask = table_mask(held, h)
+            if mask & bit:
+                PyDict_DelItem(lru, h)
+            else:
+                table_set(held, h, mask | bit)
+            PyDict_SetItem(lru, h, self.no_expiry)
+        if len(lru) > self.capacity:
+            self.trim()
+        return True
+
+    cdef int _confirm(self, object seq) except -1:
+        """``PrefixIndex._confirm_predictions``: each stored block's prediction dropped, and the worker's bit in the
+        index's predictions of it."""
+        cdef Py_ssize_t i
+        cdef object h
+        cdef PyObject* found
+        cdef uint64_t mask
+        cdef dict predicted = self.predicted
+        cdef dict all_predicted = self.all_predicted
+        for i in range(PySequence_Fast_GET_SIZE(seq)):
+            if i >= PySequence_Fast_GET_SIZE(seq):
+                raise RuntimeError("hashes changed size while they were stored")
+            h = <object>PySequence_Fast_ITEMS(seq)[i]
+            if PyDict_GetItem(predicted, h) == NULL:
+                continue
+            PyDict_DelItem(predicted, h)
+            mask = mask_of(PyDict_GetItem(all_predicted, h)) & ~self.bit
+            if mask:
+                PyDict_SetItem(all_predicted, h, PyLong_FromUnsignedLongLong(mask))
+            elif PyDict_GetItem(all_predicted, h) != NULL:
+                PyDict_DelItem(all_predicted, h)
+        return 0
+
+    def removed(self, hashes):
+        """``PrefixIndex.removed(worker, hashes)``, or False (nothing done) when it does not apply."""
+        cdef object seq
+        cdef Py_ssize_t i
+        cdef object h
+        cdef MaskTable held = self.held
+        cdef dict lru = self.lru
+        cdef uint64_t keep = ~self.bit
+        if not self.valid or held is None:
+            return False
+        seq = PySequence_Fast(hashes, "hashes must be a sequence")
+        for i in range(PySequence_Fast_GET_SIZE(seq)):
+            if i >= PySequence_Fast_GET_SIZE(seq):
+                raise RuntimeError("hashes changed size while they were removed")
+            h = <object>PySequence_Fast_ITEMS(seq)[i]
+            if PyDict_GetItem(lru, h) == NULL:
+                continue
+            PyDict_DelItem(lru, h)
+            table_set(held, h, table_mask(held, h) & keep)
+        return True

@@ -24,6 +24,9 @@ Two passes: the first reads and checks the whole payload without side effects (r
 are, and hashing each full block of token ids as it checks them), the second applies it (sequence check,
 translations, chaining the block hashes, index), so a payload rejected half-way changes nothing.
 
+The index is reached through the worker's ``PrefixIndex.precise_sink`` (``_kvcore.PreciseSink``, kept on the
+applier until the index marks it stale): no Python frame per message for a precise worker's stores and removals.
+
 ``Translations`` is the applier's engine-hash -> router-hash table when this module is built (``EventApplier`` makes
 one; a dict without it): C cells the second pass reads and writes straight from the message's engine hashes. An
 applier whose table is a plain dict (the pure-Python reference, in tests) is left to the Python path.
@@ -1111,11 +1114,19 @@ cdef _apply(object applier, Batch* batch, Reader* r, int64_t seq_c, Py_ssize_t s
 
 
 cdef _flush(object applier, object index, object worker_id, list run, bint stored):
+    """``EventApplier._flush``: the index's ``stored`` / ``removed`` through the worker's ``PreciseSink`` (no Python
+    frame per message), which the applier keeps until the index marks it stale; the index's own methods when the sink
+    does not apply (or without one: an index without the compiled core)."""
+    cdef object sink = applier._sink
+    if sink is None or not sink.valid:
+        sink = index.precise_sink(worker_id)
+        applier._sink = sink
     if stored:
-        index.stored(worker_id, run)
+        if sink is None or not sink.stored(run):
+            index.stored(worker_id, run)
         if len(applier._ours) > applier._max_translations:
             applier._prune_translations()
-    else:
+    elif sink is None or not sink.removed(run):
         index.removed(worker_id, run)
 
 

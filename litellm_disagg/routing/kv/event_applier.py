@@ -99,6 +99,8 @@ class EventApplier:
         self.stats = ApplierStats()
         self._ours: MutableMapping[EngineHash, BlockHash] = self._table()
         self._max_translations = 2 * capacity_blocks + 1024
+        self._sink: object = None
+        """The compiled path's handle on the index for this worker (``PrefixIndex.precise_sink``), made on first use."""
 
     # -- batches ------------------------------------------------------------------------------------------------------
 

@@ -2,7 +2,9 @@
 
 ``_kvcore`` (Cython, built in place by ``scripts/build_native.sh``, which ``scripts/setup.sh`` runs) holds compiled
 twins of the hot loops: ``block_hash.chain_hashes`` and ``PrefixIndex``'s prefix walk, precise store and removal,
-over ``MaskTable``, the index's ``hash -> slot mask`` table as C integers (a dict stays the pure-Python reference).
+over ``MaskTable``, the index's ``hash -> slot mask`` table as C integers (a dict stays the pure-Python reference),
+and ``PreciseSink``, a precise worker's ``PrefixIndex.stored`` / ``removed`` that ``_kvwire`` calls without a Python
+frame.
 ``_kvwire`` (built by the same script) is the compiled KV-event path: one vLLM message read from its msgpack bytes
 and applied to an ``EventApplier`` (``apply_message``), the twin of ``decode_message`` + ``EventApplier.apply``.
 Each twin returns what its Python definition returns on the same inputs (``tests/kv/test_native.py`` and

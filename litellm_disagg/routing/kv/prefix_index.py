@@ -33,10 +33,14 @@ does not track: a million entries add nothing to a collection's pause (an ``Orde
 to every full collection). Each worker's LRU is a dict in insertion order
 (a touch re-inserts at the end); when it outgrows its capacity, the oldest ``capacity / 16`` entries go at once, so
 scanning past the holes that deletions leave at the dict's front costs O(1) per insertion on average.
+
+The compiled KV-event path reaches a precise worker's entries through ``precise_sink`` (a ``_kvcore.PreciseSink``:
+``stored`` / ``removed`` without a Python call per message), which stays valid until the slots change.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -97,6 +101,8 @@ class PrefixIndex:
         """Block hash -> slot mask: a ``MaskTable`` with the compiled core (dict methods, C integers), else a dict."""
         self._predicted: dict[BlockHash, int] = {}
         self._prediction_queue: deque[tuple[float, _Slot, int, tuple[BlockHash, ...]]] = deque()
+        self._sinks: list[Any] = []
+        """The ``PreciseSink``s handed out since the slots last changed (``_invalidate_sinks`` marks them stale)."""
 
     # -- workers ------------------------------------------------------------------------------------------------------
 
@@ -109,6 +115,7 @@ class PrefixIndex:
             raise ValueError(f"capacity_blocks must be positive, got {capacity_blocks}")
         if ttl_s is not None and ttl_s <= 0:
             raise ValueError("ttl_s must be positive or None")
+        self._invalidate_sinks()
         index = self._slot_of.get(worker_id)
         if index is not None:
             slot = self._slot(index)
@@ -231,6 +238,26 @@ class PrefixIndex:
             predicted[h] = predicted.get(h, 0) | bit
         self._prediction_queue.append((expiry, slot, bit, tuple(fresh)))
 
+    def precise_sink(self, worker_id: str) -> Any:
+        """``stored`` / ``removed`` for the worker without a Python call: a ``_kvcore.PreciseSink`` (see there), valid
+        until the index's slots change (its ``valid`` then turns False: ask again). None without the compiled core.
+
+        It applies events itself (``fast``) for a precise worker while the index is on the compiled core; otherwise
+        its methods return False and the caller calls ``stored`` / ``removed``."""
+        make = getattr(_native, "PreciseSink", None)  # None: pure Python, or a build older than the sink
+        if make is None:
+            return None
+        index = self._slot_of.get(worker_id)
+        slot = None if index is None else self._slot(index)
+        if slot is None or slot.ttl_s is not None or self._core is not _native:
+            sink = make()  # applies nothing: the caller takes the Python methods until the slots change
+        else:
+            bit = 1 << index
+            trim = functools.partial(self._trim, slot, bit)
+            sink = make(self._held, slot.held, slot.predicted, self._predicted, bit, slot.capacity, _NO_EXPIRY, trim)
+        self._sinks.append(sink)
+        return sink
+
     # -- queries ------------------------------------------------------------------------------------------------------
 
     def overlap(self, hashes: Sequence[BlockHash], *, predicted: bool = True) -> dict[str, int]:
@@ -319,7 +346,13 @@ class PrefixIndex:
         assert slot is not None
         return slot
 
+    def _invalidate_sinks(self) -> None:
+        for sink in self._sinks:
+            sink.valid = False
+        self._sinks.clear()
+
     def _new_slot(self, slot: _Slot) -> int:
+        self._invalidate_sinks()
         if self._free:
             index = self._free.pop()
             self._slots[index] = slot
@@ -334,6 +367,7 @@ class PrefixIndex:
         return index
 
     def _retire(self, index: int) -> None:
+        self._invalidate_sinks()
         self._alive &= ~(1 << index)
         self._retired.append(index)
 
