@@ -90,7 +90,7 @@ class Style:
         if self.bold and self.fg in PALETTE[:8]:
             fg = PALETTE[PALETTE.index(self.fg) + 8]
         if self.dim:
-            fg = tuple(int(v * 0.6 + b * 0.4) for v, b in zip(fg, BG))  # type: ignore[assignment]
+            fg = tuple(int(v * 0.6 + b * 0.4) for v, b in zip(fg, BG, strict=False))  # type: ignore[assignment]
         if self.reverse:
             return self.bg or BG, fg
         return fg, self.bg

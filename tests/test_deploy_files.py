@@ -78,7 +78,7 @@ def test_systemd_worker_instances_parse_and_do_not_share_a_port_or_gpu():
     for role in ("prefill", "decode"):
         env = shared | _env_file(ROOT / f"deploy/systemd/worker-{role}.env")
         assert "/etc/litellm-disagg/worker-%i.env" in unit
-        command = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], exec_start.replace("%i", role))
+        command = re.sub(r"\$\{(\w+)\}", lambda m, env=env: env[m.group(1)], exec_start.replace("%i", role))
         argv = shlex.split(command)
         assert argv[0].endswith("litellm-disagg")
         args = parse_worker(argv[1:])

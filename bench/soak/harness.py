@@ -171,7 +171,7 @@ class SoakReport:
         last = max((o.finished_at_s for o in self.outcomes if o.ok), default=at)
         horizon = min(at + window_s, last)  # after the last completion of the run there is nothing left to wait for
         marks = [at, *ends, max(horizon, ends[-1] if ends else at)]
-        return max(b - a for a, b in zip(marks, marks[1:]))
+        return max(b - a for a, b in zip(marks, marks[1:], strict=False))
 
 
 PAUSE_WINDOW_S = 30.0

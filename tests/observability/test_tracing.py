@@ -120,7 +120,7 @@ async def test_a_streamed_disaggregated_request_has_route_prefill_transfer_decod
         assert spans[phase].parent.span_id == request.context.span_id
         assert spans[phase].status.status_code is not StatusCode.ERROR
     order = [spans[p] for p in ("route", "prefill", "transfer", "decode")]
-    for before, after in zip(order, order[1:]):
+    for before, after in zip(order, order[1:], strict=False):
         assert before.end_time <= after.start_time
     assert request.start_time <= order[0].start_time and order[-1].end_time <= request.end_time
 
