@@ -207,3 +207,28 @@ async def test_the_setting_turns_piece_wise_encoding_off_with_the_same_ids(tiny_
         segments = prompts._loaded["tiny"].segments
         assert ids == expected and segments is not None and (segments.pieces is not None) is on
         await prompts.aclose()
+
+
+def test_the_split_from_findall_equals_the_walk_over_matches() -> None:
+    """``_split``'s ``findall`` path (matches that spell the run) gives the walk's pieces: on random ASCII with the
+    GPT-2 pattern, and where the matches leave text between them, match empty or the pattern has a group (the
+    walk's own answer then)."""
+    import regex
+
+    def encoder(source: str) -> PieceEncoder:
+        return PieceEncoder(regex.compile(source), lambda *a, **k: [], None, {}, frozenset(), (), lambda t: [])
+
+    gpt2 = encoder(piece_cache.GPT2_PATTERN)
+    assert gpt2._find_all is not None
+    rng = random.Random(4)
+    alphabet = "ab Z 9'\t\n\r.,-  zz's're 12"
+    for _ in range(500):
+        run = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40)))
+        assert gpt2._split(run) == gpt2._split_walk(run)
+    gaps = encoder(r"[a-z]+")  # the text between matches is a piece too (Isolated)
+    assert gaps._split("ab, cd!") == gaps._split_walk("ab, cd!") == ["ab", ", ", "cd", "!"]
+    empty = encoder(r"[a-z]*")
+    assert empty._split("ab, cd") is None and empty._split_walk("ab, cd") is None
+    assert empty._split("abc") is None  # its matches "abc" and "" spell the run
+    grouped = encoder(r"([a-z]+)|[^a-z]+")
+    assert grouped._find_all is None and grouped._split("ab, cd") == ["ab", ", ", "cd"]

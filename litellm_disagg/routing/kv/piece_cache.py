@@ -36,6 +36,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,8 @@ class PieceEncoder:
         reference: Callable[[str], list[int]],
     ):
         self._pattern = pattern
+        self._find_all: Callable[[str], list[str]] | None = pattern.findall if pattern.groups == 0 else None
+        """The pattern's ``findall``, which returns the matched texts only when it has no capturing group."""
         self._encode_batch = encode_batch
         self._scan = scan
         self._added_ids = added_ids
@@ -177,34 +180,52 @@ class PieceEncoder:
             for old in list(pieces)[: len(pieces) // 2]:
                 del pieces[old]
         split: list[list[str] | int] = []
+        looked_up: list[list[tuple[int, ...] | None]] = []
+        """Per item of ``split`` (empty for an added token's id): its pieces' cached ids, None where not cached."""
         missing: dict[str, None] = {}
+        get = pieces.get
         for run in runs:
             if isinstance(run, int):
                 split.append(run)
+                looked_up.append([])
                 continue
             parts = self._split(run)
             if parts is None:
                 return None
             split.append(parts)
-            for piece in parts:
-                if piece not in pieces:
-                    missing[piece] = None
+            found = list(map(get, parts))
+            looked_up.append(found)
+            if None in found:
+                for piece, ids in zip(parts, found, strict=True):
+                    if ids is None:
+                        missing[piece] = None
         if len(missing) > MANY_NEW_PIECES and 2 * len(missing) > sum(len(p) for p in split if isinstance(p, list)):
             return None  # mostly new text: the tokenizer alone is faster than splitting here and asking it anyway
         if missing and not self._add(list(missing)):
             return None
         out: list[int] = []
-        for item in split:
+        for item, found in zip(split, looked_up, strict=True):
             if isinstance(item, int):
                 out.append(item)
-            else:
-                for piece in item:
-                    out.extend(pieces[piece])
+                continue
+            if missing and None in found:  # its new pieces are cached now
+                found = [pieces[piece] for piece in item]
+            out.extend(chain.from_iterable(found))  # type: ignore[arg-type]
         self.encoded += 1
         return out
 
     def _split(self, run: str) -> list[str] | None:
         """The pre-tokenizer's pieces of ``run``: the pattern's matches and the text between them (``Isolated``)."""
+        if self._find_all is not None:
+            # The usual case, without a match object per piece: the matches (``findall``, the same scan as
+            # ``finditer``) cover ``run`` when, in order, they spell it; then there is no text between them, and no
+            # empty match (its ``""`` is looked for), so they are the pieces. Else the exact walk below.
+            parts = self._find_all(run)
+            if "".join(parts) == run and "" not in parts:
+                return parts
+        return self._split_walk(run)
+
+    def _split_walk(self, run: str) -> list[str] | None:
         parts: list[str] = []
         at = 0
         for match in self._pattern.finditer(run):
