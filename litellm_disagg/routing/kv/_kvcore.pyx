@@ -355,14 +355,12 @@ def overlap_walk(MaskTable held, dict predicted, list hashes, uint64_t current):
     return out
 
 
-def store_precise(MaskTable held, dict lru, hashes, uint64_t bit, object no_expiry):
-    """``PrefixIndex.stored``'s loop for a precise worker of slot bit ``bit``: each hash marked held and moved to the
-    end of the worker's LRU."""
-    cdef object seq = PySequence_Fast(hashes, "hashes must be a sequence")
+cdef int store_loop(MaskTable held, dict lru, object seq, uint64_t bit, object no_expiry) except -1:
+    """Each hash of ``seq`` (a ``PySequence_Fast`` result) marked held for slot bit ``bit`` and moved to the end of
+    the worker's LRU: ``store_precise`` and ``PreciseSink.stored``."""
     cdef Py_ssize_t i
     cdef uint64_t mask
     cdef object h
-    held.prefetch_all(seq)
     for i in range(PySequence_Fast_GET_SIZE(seq)):
         if i >= PySequence_Fast_GET_SIZE(seq):  # the allocations below may run the GC: never trust an old pointer
             raise RuntimeError("hashes changed size while they were stored")
@@ -373,15 +371,15 @@ def store_precise(MaskTable held, dict lru, hashes, uint64_t bit, object no_expi
         else:
             table_set(held, h, mask | bit)
         PyDict_SetItem(lru, h, no_expiry)
+    return 0
 
 
-def remove(MaskTable held, dict lru, hashes, uint64_t bit):
-    """``PrefixIndex.removed``'s loop: each hash the worker's LRU has is dropped from it and its bit cleared."""
-    cdef object seq = PySequence_Fast(hashes, "hashes must be a sequence")
+cdef int remove_loop(MaskTable held, dict lru, object seq, uint64_t bit) except -1:
+    """Each hash of ``seq`` the worker's LRU has dropped from it and its bit cleared: ``remove`` and
+    ``PreciseSink.removed``."""
     cdef Py_ssize_t i
     cdef object h
     cdef uint64_t keep = ~bit
-    held.prefetch_all(seq)
     for i in range(PySequence_Fast_GET_SIZE(seq)):
         if i >= PySequence_Fast_GET_SIZE(seq):
             raise RuntimeError("hashes changed size while they were removed")
@@ -390,6 +388,22 @@ def remove(MaskTable held, dict lru, hashes, uint64_t bit):
             continue
         PyDict_DelItem(lru, h)
         table_set(held, h, table_mask(held, h) & keep)
+    return 0
+
+
+def store_precise(MaskTable held, dict lru, hashes, uint64_t bit, object no_expiry):
+    """``PrefixIndex.stored``'s loop for a precise worker of slot bit ``bit``: each hash marked held and moved to the
+    end of the worker's LRU."""
+    cdef object seq = PySequence_Fast(hashes, "hashes must be a sequence")
+    held.prefetch_all(seq)
+    store_loop(held, lru, seq, bit, no_expiry)
+
+
+def remove(MaskTable held, dict lru, hashes, uint64_t bit):
+    """``PrefixIndex.removed``'s loop: each hash the worker's LRU has is dropped from it and its bit cleared."""
+    cdef object seq = PySequence_Fast(hashes, "hashes must be a sequence")
+    held.prefetch_all(seq)
+    remove_loop(held, lru, seq, bit)
 
 
 def touch_routed(MaskTable held, dict lru, hashes, uint64_t bit):
@@ -458,28 +472,15 @@ cdef class PreciseSink:
     def stored(self, hashes):
         """``PrefixIndex.stored(worker, hashes)``, or False (nothing done) when it does not apply."""
         cdef object seq
-        cdef Py_ssize_t i
-        cdef uint64_t mask
-        cdef object h
         cdef MaskTable held = self.held
         cdef dict lru = self.lru
-        cdef uint64_t bit = self.bit
         if not self.valid or held is None:
             return False
         seq = PySequence_Fast(hashes, "hashes must be a sequence")
         held.prefetch_all(seq)
         if len(self.predicted):
             self._confirm(seq)
-        for i in range(PySequence_Fast_GET_SIZE(seq)):
-            if i >= PySequence_Fast_GET_SIZE(seq):
-                raise RuntimeError("hashes changed size while they were stored")
-            h = <object>PySequence_Fast_ITEMS(seq)[i]
-            mask = table_mask(held, h)
-            if mask & bit:
-                PyDict_DelItem(lru, h)
-            else:
-                table_set(held, h, mask | bit)
-            PyDict_SetItem(lru, h, self.no_expiry)
+        store_loop(held, lru, seq, self.bit, self.no_expiry)
         if len(lru) > self.capacity:
             self.trim()
         return True
@@ -510,21 +511,10 @@ cdef class PreciseSink:
     def removed(self, hashes):
         """``PrefixIndex.removed(worker, hashes)``, or False (nothing done) when it does not apply."""
         cdef object seq
-        cdef Py_ssize_t i
-        cdef object h
         cdef MaskTable held = self.held
-        cdef dict lru = self.lru
-        cdef uint64_t keep = ~self.bit
         if not self.valid or held is None:
             return False
         seq = PySequence_Fast(hashes, "hashes must be a sequence")
         held.prefetch_all(seq)
-        for i in range(PySequence_Fast_GET_SIZE(seq)):
-            if i >= PySequence_Fast_GET_SIZE(seq):
-                raise RuntimeError("hashes changed size while they were removed")
-            h = <object>PySequence_Fast_ITEMS(seq)[i]
-            if PyDict_GetItem(lru, h) == NULL:
-                continue
-            PyDict_DelItem(lru, h)
-            table_set(held, h, table_mask(held, h) & keep)
+        remove_loop(held, self.lru, seq, self.bit)
         return True
