@@ -92,7 +92,7 @@ class InProcessLatency:
     """The proxy's own histograms (``observability/metrics.py``), read from this process's registry."""
 
     async def read(self) -> Mapping[str, LatencyTotals]:
-        return latency_totals([s for metric in (m.TTFT, m.ITL, m.ROUTE) for s in registry_samples(metric)[1]])
+        return latency_totals([s for metric in (m.TTFT, m.ITL, m.ROUTE) for s in registry_samples(metric)])
 
 
 class ProxyPagesLatency:

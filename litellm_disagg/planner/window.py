@@ -7,8 +7,9 @@ cumulative buckets at every step and reads the window as the difference between 
 from the difference by linear interpolation inside the bucket it falls in, so its resolution is the buckets'
 (``observability/metrics.py``: TTFT 0.3/0.5/0.75/1/1.5/2/3 s..., ITL 10/15/20/30/40/50/75/100 ms...).
 
-The same snapshots come from this process's registry (the planner in the proxy: ``registry_histograms``) or from a
-proxy's ``/metrics`` page (the standalone planner: ``page_histograms``), so both read the same numbers.
+The same snapshots come from this process's registry (the planner in the proxy: ``registry_samples``) or from a
+proxy's ``/metrics`` page (the standalone planner: ``page_samples``), both read by ``histogram_totals``, so both
+read the same numbers.
 """
 
 from __future__ import annotations
@@ -109,29 +110,12 @@ def page_samples(text: str, names: Iterable[str]) -> list[prom_text.Sample]:
     return list(prom_text.samples(text, wanted))
 
 
-def page_histograms(text: str, names: Iterable[str], *, by: str = "model") -> dict[str, dict[str, HistogramTotals]]:
-    """Per histogram name, per label value: the histograms on a Prometheus text page."""
-    names = tuple(names)
-    found = page_samples(text, names)
-    return {name: histogram_totals(found, name, by=by) for name in names}
-
-
-def registry_samples(metric: object) -> tuple[str, list[SampleLike]]:
-    """A ``prometheus_client`` metric of this process: its name and its samples now (its ``collect()``)."""
+def registry_samples(metric: object) -> list[SampleLike]:
+    """A ``prometheus_client`` metric of this process: its samples now (its ``collect()``; for ``histogram_totals``)."""
     collect = getattr(metric, "collect", None)
     if collect is None:
-        return "", []
-    families = list(collect())
-    return (families[0].name if families else ""), [s for family in families for s in family.samples]
-
-
-def registry_histograms(metric: object, *, by: str = "model",
-                        where: LabelFilter | None = None) -> dict[str, HistogramTotals]:
-    """A ``prometheus_client`` histogram of this process, per label value (its ``collect()``)."""
-    name, samples = registry_samples(metric)
-    if not name:
-        return {}
-    return histogram_totals(samples, name, by=by, where=where)
+        return []
+    return [s for family in collect() for s in family.samples]
 
 
 def add_totals(a: HistogramTotals | None, b: HistogramTotals | None) -> HistogramTotals | None:

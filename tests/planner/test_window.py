@@ -9,8 +9,9 @@ from litellm_disagg.planner.window import (
     HistogramTotals,
     HistogramWindow,
     MeanWindow,
-    page_histograms,
-    registry_histograms,
+    histogram_totals,
+    page_samples,
+    registry_samples,
 )
 
 
@@ -25,8 +26,8 @@ def test_page_and_registry_read_the_same_totals_modes_added_up() -> None:
         h.labels("m", "disaggregated").observe(v)
     h.labels("m", "aggregated").observe(0.9)
     h.labels("other", "aggregated").observe(2.0)
-    from_registry = registry_histograms(h)
-    from_page = page_histograms(generate_latest(registry).decode(), ["lat_seconds"])["lat_seconds"]
+    from_registry = histogram_totals(registry_samples(h), "lat_seconds")
+    from_page = histogram_totals(page_samples(generate_latest(registry).decode(), ["lat_seconds"]), "lat_seconds")
     assert from_registry == from_page
     m = from_registry["m"]
     assert m.count == 10 and m.buckets == ((0.1, 5.0), (0.5, 9.0), (1.0, 10.0), (float("inf"), 10.0))
