@@ -3,6 +3,8 @@ moves become flips with the flip delay, and a tiny goodput sweep runs end to end
 
 from __future__ import annotations
 
+import pytest
+
 from bench.planner_eval import goodput, slo
 from bench.planner_eval.cluster import Cluster, ClusterConfig, Move
 from bench.planner_eval.policies import PlannerPolicy, Static
@@ -144,3 +146,43 @@ def test_the_planner_arms_start_from_the_layout_given():
     assert isinstance(policy, PlannerPolicy) and policy.start == (0, 0, 4)
     default = next(a for a in all_arms(slo.Slo(), ClusterConfig(workers=4)) if a.name == "planner")
     assert default.make().start == (2, 2, 0)
+
+
+def test_the_profile_fitted_on_the_engine_is_its_step_cost():
+    from bench.planner_eval.profile import profile_engine
+    from litellm_disagg.sim.settings import EngineSettings, TimingSettings
+    from litellm_disagg.sim.timing import StepWork, TimingModel
+
+    timing, engine = TimingSettings(), EngineSettings(max_num_batched_tokens=512)
+    fitted = profile_engine(timing, engine)
+    model = TimingModel(timing)
+    for tokens, seqs in ((0, 1), (0, 64), (512, 10), (4096, 0)):
+        assert fitted.step_ms(tokens, seqs) == pytest.approx(1000.0 * model.step_time(StepWork(tokens, seqs)), rel=1e-6)
+    assert fitted.max_num_batched_tokens == 512
+
+
+def test_with_an_engine_profile_the_planner_leaves_a_failing_split_for_aggregated_serving():
+    # prompt-heavy at 26 req/s on 8 workers with a 512-token budget: every static split misses the SLOs (the best,
+    # 6P2D, serves 23.5-25 req/s) and aggregated serving holds them (30). Started at 4P4D, the planner without a
+    # profile stays within the splits; with the profile measured on the engine it crosses to all ``both``.
+    from bench.planner_eval.arms import planner_settings
+    from bench.planner_eval.profile import profile_engine
+    from litellm_disagg.planner.policy import Condition
+    from litellm_disagg.sim.settings import EngineSettings, TimingSettings
+
+    engine = EngineSettings(max_num_batched_tokens=512)
+    arrivals = schedule([Segment("prompt-heavy", 26.0, 60.0)], seed=0)
+    target = slo.Slo()
+
+    def run(with_profile: bool) -> tuple[float, int, int]:
+        profile = profile_engine(TimingSettings(), engine) if with_profile else None
+        policy = PlannerPolicy(planner_settings(target, False, profile), start=(4, 4, 0))
+        result = Cluster(ClusterConfig(workers=8, engine=engine), policy).run(arrivals)
+        crossings = sum(1 for step in policy.steps for m in step.moves if m.condition is Condition.AGGREGATION_PAYS)
+        return slo.attainment(target, (r for r in result.requests if r.arrival >= 20.0)), result.pools[-1].both, crossings
+
+    attained, both, crossings = run(True)
+    assert (both, crossings) == (8, 8)
+    without, both_without, _ = run(False)
+    assert both_without < 8
+    assert attained >= 0.9 > without

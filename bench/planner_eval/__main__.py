@@ -20,10 +20,11 @@ from bench.planner_eval import plots, report
 from bench.planner_eval.arms import all_arms, one_to_one
 from bench.planner_eval.cluster import ClusterConfig
 from bench.planner_eval.goodput import SearchSettings
+from bench.planner_eval.profile import profile_engine
 from bench.planner_eval.run import goodput_table, shift_timeline
 from bench.planner_eval.slo import Slo
 from bench.planner_eval.workload import PHASES, Segment
-from litellm_disagg.sim.settings import EngineSettings
+from litellm_disagg.sim.settings import EngineSettings, TimingSettings
 
 PLANNERS = ("planner", "planner (fast)", "planner (fast, prefill TTFT)")
 
@@ -57,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
                          "budget shortens the aggregated workers' mixed steps")
     ap.add_argument("--planner-start", default=None, metavar="P,D,B",
                     help="the planner arms' starting layout (prefill, decode, both workers; default the 1:1 split)")
+    ap.add_argument("--engine-profile", action="store_true",
+                    help="give the planner arms the engine profile measured on the simulated engine "
+                         "(bench/planner_eval/profile.py): they may then cross from a split to aggregated on load")
     ap.add_argument("--first-tick-at-interval", action="store_true",
                     help="the planner's first step one interval after the load starts (the protocol before "
                          "2026-12-02) instead of with the first arrival")
@@ -69,9 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         search = SearchSettings(duration_s=45.0, warmup_s=15.0, rel_tol=0.1)
         args.phase_s = min(args.phase_s, 60.0)
     slo = Slo(ttft_s=args.ttft_s, itl_s=args.itl_ms / 1e3)
+    engine = EngineSettings(max_num_batched_tokens=args.max_num_batched_tokens)
     config = ClusterConfig(workers=args.workers, first_tick_s=None if args.first_tick_at_interval else 0.0,
-                           engine=EngineSettings(max_num_batched_tokens=args.max_num_batched_tokens),
-                           planner_start=_layout(args.planner_start, args.workers))
+                           engine=engine, planner_start=_layout(args.planner_start, args.workers),
+                           planner_profile=profile_engine(TimingSettings(), engine) if args.engine_profile else None)
     arm_names = [a.name for a in all_arms(slo, config)]
     started = time.monotonic()
 

@@ -8,7 +8,8 @@
 - ``planner (fast, prefill TTFT)``: ``planner (fast)`` fed, for disaggregated requests, the prefill's part of the
   TTFT instead of the whole (``ClusterConfig.prefill_side_ttft``): an experiment on the signal, the policy unchanged.
 
-Both planner arms start from the 1:1 split.
+The planner arms start from the 1:1 split (``ClusterConfig.planner_start`` changes it); with
+``ClusterConfig.planner_profile`` they get that engine profile (``planner.engine_profile``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from bench.planner_eval.cluster import ClusterConfig, RolePolicy
 from bench.planner_eval.policies import PlannerPolicy, Static
 from bench.planner_eval.slo import Slo
+from litellm_disagg.planner.mixing import EngineProfile
 from litellm_disagg.planner.settings import PlannerSettings
 
 
@@ -29,15 +31,16 @@ class Arm:
     config: ClusterConfig
 
 
-def planner_settings(slo: Slo, fast: bool) -> PlannerSettings:
-    base = {"ttft_ms": slo.ttft_s * 1e3, "itl_ms": slo.itl_s * 1e3, "quantile": slo.attainment}
+def planner_settings(slo: Slo, fast: bool, profile: EngineProfile | None = None) -> PlannerSettings:
+    base: dict[str, object] = {"ttft_ms": slo.ttft_s * 1e3, "itl_ms": slo.itl_s * 1e3, "quantile": slo.attainment,
+                               "engine_profile": profile}
     if fast:
         base |= {"interval_s": 2.0, "hysteresis_steps": 2, "cooldown_s": 10.0, "window_s": 10.0}
     return PlannerSettings(**base)
 
 
 def _planner(slo: Slo, fast: bool, workers: int, config: ClusterConfig, prefill_ttft: bool = False) -> Arm:
-    settings = planner_settings(slo, fast)
+    settings = planner_settings(slo, fast, config.planner_profile)
     half = workers // 2
     start = config.planner_start or (half, workers - half, 0)
     name = ("planner (fast)" if fast else "planner") if not prefill_ttft else "planner (fast, prefill TTFT)"

@@ -27,6 +27,7 @@ from typing import Protocol
 from bench.planner_eval import routing
 from bench.planner_eval.engine import Phase, Req, StepPlan, Worker
 from bench.planner_eval.workload import Arrival
+from litellm_disagg.planner.mixing import EngineProfile
 from litellm_disagg.planner.signals import ClusterSignals
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
 from litellm_disagg.sim.settings import EngineSettings, TimingSettings
@@ -72,6 +73,9 @@ class ClusterConfig:
     planner_start: tuple[int, int, int] | None = None
     """The planner arms' layout at t = 0 as (prefill, decode, both) workers; None: the static 1:1 split (the headline
     protocol). ``--planner-start`` of ``python -m bench.planner_eval``."""
+    planner_profile: EngineProfile | None = None
+    """The engine profile the planner arms get (``planner.engine_profile``: ``profile.py`` measures it on this
+    engine); None: none (the planner then never crosses from a split to aggregated on load)."""
     prefill_side_ttft: bool = False
     """The TTFT window the planner sees: False, each request's TTFT (what ``ModelSignals.ttft`` is defined as);
     True, for disaggregated requests only the prefill's part (arrival to prompt computed on the prefill worker), so

@@ -1,8 +1,9 @@
 """The dynamic planner (issue 9): moves workers between the prefill, decode and aggregated pools, publishes the pool
 sizes it wants. Reading order: ``signals.py`` (what it sees), ``policy.py`` (how it decides, no I/O),
-``settings.py`` (its knobs); the loop and its I/O live beside them. See docs/planner.md.
+``settings.py`` (its knobs), ``mixing.py`` (what aggregated serving would do, from an engine profile); the loop and its I/O live beside them. See docs/planner.md.
 """
 
+from litellm_disagg.planner.mixing import EngineProfile, MixedEstimate, aggregated_estimate
 from litellm_disagg.planner.policy import (
     Condition,
     DecodeDriver,
@@ -21,8 +22,10 @@ __all__ = [
     "Condition",
     "DecodeDriver",
     "DesiredPools",
+    "EngineProfile",
     "LatencyWindow",
     "ModelDecision",
+    "MixedEstimate",
     "ModelSignals",
     "Planner",
     "PlannerLockSettings",
@@ -32,4 +35,5 @@ __all__ = [
     "Pressures",
     "RoleMove",
     "WorkerSignals",
+    "aggregated_estimate",
 ]

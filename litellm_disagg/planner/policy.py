@@ -27,6 +27,12 @@ How it decides, per served model, at every step:
    ============== ======================================================== =================================
    condition      when                                                     move
    ============== ======================================================== =================================
+   aggregation_   (with ``engine_profile``) some worker is not ``both``, a  prefill, then decode -> both, up
+   pays           side's pressure is over 1, and every worker as ``both``   to ``max_moves_per_step`` a step;
+                  at the measured load would hold the ITL under             it goes on at the next steps
+                  ``headroom`` of its SLO and keep up with its prompts      (no hysteresis, no settling
+                  (``mixing.py``: the split fails a load aggregated         window) while the estimate
+                  serving would hold)                                       holds
    mixing_costly  ``both`` workers beside prefill or decode workers, ITL    every ``both`` worker (up to
                   > 1 while the decode side's capacity terms (occupancy,    ``max_moves_per_step``) -> prefill;
                   KV) are under ``headroom``, prefill >= ``aggregate_below``  -> decode when no decode worker would
@@ -62,7 +68,10 @@ How it decides, per served model, at every step:
    low load is split again only when a side actually misses its SLO. ``low_load`` and ``transfer_costly`` are the
    "disaggregation does not pay" cases (Dynamo's own notes: it loses at low concurrency, and when the transfer eats
    the TTFT budget); ``decode_bound`` driven by KV is the third (prefill workers' KV sits idle while decodes queue).
-   The moves to ``both`` are taken only with ``allow_aggregated``. ``mixing_costly`` is the way back: "aggregation
+   ``aggregation_pays`` is the same answer under load: the other rows read the layout that serves, and from a
+   split nothing in them can say what a mixed step would cost; the engine profile can (``mixing.py``). Without a
+   profile, or without the load rates, it never holds. The moves to ``both`` are taken only with
+   ``allow_aggregated``. ``mixing_costly`` is the way back: "aggregation
    does not pay". A ``both`` worker mixes prefill chunks into its decode steps; while prompts keep arriving (prefill
    busy) and the decode side's batches and KV are far from full, an ITL over its SLO is those mixed steps, not decode
    work, so the answer is to split the ``both`` workers again, not to take prefill workers for decode (which leaves
@@ -114,6 +123,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from litellm_disagg.planner.mixing import MixedEstimate, aggregated_estimate
 from litellm_disagg.planner.settings import PlannerSettings
 from litellm_disagg.planner.signals import ClusterSignals, ModelSignals, WorkerSignals
 from litellm_disagg.planner.trend import QueueHistory, QueueTrend
@@ -121,6 +131,7 @@ from litellm_disagg.runtime_config import WorkerRole
 
 
 class Condition(StrEnum):
+    AGGREGATION_PAYS = "aggregation_pays"
     MIXING_COSTLY = "mixing_costly"
     OVERLOADED = "overloaded"
     PREFILL_BOUND = "prefill_bound"
@@ -155,6 +166,11 @@ class Pressures:
     """The prefill queue's projected wait ``window_s`` from now at its measured growth, over the TTFT SLO."""
     prefill_needed: int | None = None
     """Workers able to prefill that the measured prefill demand needs (``QueueTrend.needed``); None: unknown."""
+    aggregated_itl_ratio: float | None = None
+    """Every worker as ``both`` at this load: the estimated ITL over its SLO (``mixing.py``); None: not estimated
+    (no engine profile or no load rates), inf: the workers would not keep up with their prompts."""
+    aggregated_busy: float | None = None
+    """The same estimate's share of a worker's time on prompt chunks."""
 
     def as_fields(self) -> dict[str, float | str | None]:
         """Flat fields for a log line or a metric (names are the ``planner_signal`` label values)."""
@@ -171,6 +187,8 @@ class Pressures:
             "prefill_time_ratio": _round(self.prefill_time_ratio),
             "trend_ratio": _round(self.trend_ratio),
             "prefill_needed": None if self.prefill_needed is None else float(self.prefill_needed),
+            "aggregated_itl_ratio": _round(self.aggregated_itl_ratio),
+            "aggregated_busy": _round(self.aggregated_busy),
         }
 
 
@@ -326,6 +344,37 @@ def without_itl(p: Pressures) -> Pressures:
     return replace(p, decode=decode, decode_driver=driver if decode > 0.0 else DecodeDriver.NONE, itl_ratio=None)
 
 
+def estimate_aggregated(model: ModelSignals, workers: int, settings: PlannerSettings) -> MixedEstimate | None:
+    """Every one of ``workers`` as ``both`` at the model's measured load (``mixing.py``); None without an engine
+    profile or without the prompt and output token rates."""
+    profile = settings.engine_profile
+    if profile is None or model.prompt_tokens_per_s is None or model.output_tokens_per_s is None or workers < 1:
+        return None
+    return aggregated_estimate(profile, workers, model.prompt_tokens_per_s, model.output_tokens_per_s)
+
+
+def with_estimate(p: Pressures, estimate: MixedEstimate | None, settings: PlannerSettings) -> Pressures:
+    """``p`` with the aggregated estimate's terms (for the decision's log line and metrics)."""
+    if estimate is None:
+        return p
+    itl = math.inf if estimate.itl_ms is None else estimate.itl_ms / settings.itl_ms
+    return replace(p, aggregated_itl_ratio=itl, aggregated_busy=estimate.prefill_busy)
+
+
+def aggregation_pays(p: Pressures, estimate: MixedEstimate | None, settings: PlannerSettings, *,
+                     disaggregated: bool, crossing: bool = False) -> bool:
+    """Whether a split should cross to aggregated serving: some worker is not ``both``, the estimate for every
+    worker as ``both`` at this load holds the ITL under ``headroom`` of its SLO and keeps up with the prompts
+    (``aggregate_busy_max``), and a side of the split misses its SLO (pressure over 1): the split fails a load
+    that aggregated serving would hold. ``crossing``: the last move was this crossing's, which goes on while the
+    estimate holds (the half-crossed layout's pressures describe neither family)."""
+    if not (settings.allow_aggregated and disaggregated and estimate is not None):
+        return False
+    if not estimate.holds(settings.itl_ms, settings.headroom, settings.aggregate_busy_max):
+        return False
+    return crossing or p.prefill > 1.0 or p.decode > 1.0
+
+
 def condition_of(p: Pressures, settings: PlannerSettings, *, disaggregated: bool,
                  aggregated_workers: bool = False) -> Condition:
     """The first condition that holds (module docstring, step 2). ``disaggregated``: some worker is not ``both``;
@@ -418,7 +467,7 @@ def _routes(condition: Condition, p: Pressures, settings: PlannerSettings, *,
             if settings.allow_aggregated:
                 return [(WorkerRole.PREFILL, WorkerRole.BOTH)]
         return [(WorkerRole.PREFILL, WorkerRole.DECODE), (WorkerRole.BOTH, WorkerRole.DECODE)]
-    if condition in (Condition.LOW_LOAD, Condition.TRANSFER_COSTLY):
+    if condition in (Condition.LOW_LOAD, Condition.TRANSFER_COSTLY, Condition.AGGREGATION_PAYS):
         return [(WorkerRole.PREFILL, WorkerRole.BOTH), (WorkerRole.DECODE, WorkerRole.BOTH)]
     return []
 
@@ -469,7 +518,7 @@ def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settin
     workers' prefill capacity is wasted, and a ``both`` worker still prefills. ``mixing_costly``: every ``both``
     worker (each one mixes), fewer when the decode side would lose its headroom. ``transfer_costly`` moves one."""
     cap = settings.max_moves_per_step
-    if condition is Condition.LOW_LOAD or (condition is Condition.DECODE_BOUND and settings.allow_aggregated
+    if condition is Condition.AGGREGATION_PAYS or condition is Condition.LOW_LOAD or (condition is Condition.DECODE_BOUND and settings.allow_aggregated
                                            and p.prefill < settings.aggregate_below):
         return cap
     if condition is Condition.PREFILL_BOUND:
@@ -545,8 +594,17 @@ class Planner:
         current = _layout(model.model, active)
         if state.split_at is not None and now - state.split_at < s.window_s and current.both == 0:
             p = without_itl(p)
-        condition = condition_of(p, s, disaggregated=current.prefill + current.decode > 0,
-                                 aggregated_workers=current.both > 0)
+        disaggregated = current.prefill + current.decode > 0
+        estimate = estimate_aggregated(model, current.total, s)
+        p = with_estimate(p, estimate, s)
+        # a crossing goes on while its estimate holds, for as long as its moves may wait on a cooldown
+        crossing = (state.last_move_condition is Condition.AGGREGATION_PAYS and state.last_move_at is not None
+                    and now - state.last_move_at <= max(s.window_s, s.cooldown_s))
+        if aggregation_pays(p, estimate, s, disaggregated=disaggregated, crossing=crossing):
+            condition = Condition.AGGREGATION_PAYS
+        else:
+            condition = condition_of(p, s, disaggregated=disaggregated, aggregated_workers=current.both > 0)
+            crossing = False
         state.streak = state.streak + 1 if condition is state.condition else 1
         state.condition = condition
         streak = state.streak
@@ -571,11 +629,11 @@ class Planner:
         queue_driven = (condition is Condition.PREFILL_BOUND and trend is not None and p.trend_ratio is not None
                         and p.trend_ratio > 1.0 and trend.rising_steps >= s.hysteresis_steps)
         if routes:
-            if streak < s.hysteresis_steps and not queue_driven:
+            if streak < s.hysteresis_steps and not queue_driven and not crossing:
                 held = f"hysteresis {streak}/{s.hysteresis_steps}"
             elif model.flipping:
                 held = "flip in progress: " + ",".join(sorted(w.worker_id for w in model.flipping))
-            elif (state.last_move_at is not None and now - state.last_move_at < s.window_s
+            elif (state.last_move_at is not None and now - state.last_move_at < s.window_s and not crossing
                   and not (queue_driven and state.last_move_condition in _QUEUE_SETTLES)):
                 held = f"settling: the latency window predates the last move ({now - state.last_move_at:.1f} s ago)"
             else:

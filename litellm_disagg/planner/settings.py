@@ -10,6 +10,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from litellm_disagg.planner.mixing import EngineProfile
+
 
 class PlannerLockSettings(BaseModel):
     """Only one planner acts when several proxies run: a lock through the registry (``planner/lock.py``). A planner
@@ -73,6 +75,14 @@ class PlannerSettings(BaseModel):
     """Most role changes per model per step. A step moves as many workers as the prefill pool is short by its measured
     demand (the queue's growth, ``planner/trend.py``), else ``ceil(pool x (pressure - 1) / 4)`` of the pressed side,
     capped here (all up to this for the ``both`` moves when prefill is nearly idle)."""
+    engine_profile: EngineProfile | None = None
+    """The engine's step cost from a profiling run (``planner/mixing.py``). With it, and the model's prompt and output
+    token rates, the planner estimates what aggregated serving would do at the current load and moves a split whose
+    side misses its SLO to ``both`` when that estimate holds the ITL under ``headroom`` of its SLO
+    (``aggregation_pays``). None: the planner never crosses from a split to aggregated on load (only at low load)."""
+    aggregate_busy_max: Annotated[float, Field(gt=0, lt=1)] = 0.9
+    """With ``engine_profile``: the largest share of a ``both`` worker's time the estimate may spend on prompt chunks
+    for aggregated serving to count as keeping up (its prompts queue without bound as the share nears 1)."""
     hook_command: list[str] | None = None
     """Run when the desired pool sizes change: argv (no shell), with ``MODEL PREFILL DECODE BOTH`` appended and the
     same in ``LITELLM_DISAGG_DESIRED_*`` environment variables. For an external autoscaler."""

@@ -173,11 +173,20 @@ class ModelSignals:
     """Prefill time of the requests whose prefill finished in the window: arrival to the prefill's answer for a
     disaggregated request, arrival to first token for a local one. Unlike TTFT it holds no decode-side wait (a pull
     queued for KV blocks); empty when the collector does not measure it (the policy then falls back to TTFT)."""
+    prompt_tokens_per_s: float | None = None
+    """The model's prefill demand: prompt tokens of the requests that arrived over the window, per second (tokens
+    served from a prefix cache included: the estimate in ``mixing.py`` is conservative). None: not measured."""
+    output_tokens_per_s: float | None = None
+    """The model's decode demand: tokens generated per second over the window, all workers. None: not measured.
+    With ``prompt_tokens_per_s`` and an engine profile the planner estimates what aggregated serving would do at
+    this load (``planner/mixing.py``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workers", tuple(self.workers))
         rate = _finite_or_none(self.prefill_tokens_per_s)
         object.__setattr__(self, "prefill_tokens_per_s", rate if rate else None)
+        object.__setattr__(self, "prompt_tokens_per_s", _finite_or_none(self.prompt_tokens_per_s))
+        object.__setattr__(self, "output_tokens_per_s", _finite_or_none(self.output_tokens_per_s))
 
     @property
     def active(self) -> tuple[WorkerSignals, ...]:

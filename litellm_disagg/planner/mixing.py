@@ -1,0 +1,104 @@
+"""What aggregated serving would do at the current load: the inter-token latency of ``both`` workers that mix the
+model's prompts into their decode steps, estimated from an engine profile. Pure; no I/O.
+
+    aggregated_estimate(profile, workers, prompt_tokens_per_s, output_tokens_per_s) -> MixedEstimate
+
+The planner's other signals describe the layout that serves now; they cannot say whether a layout of the other
+family would hold the SLOs (a split's signals say nothing of what a mixed step costs). This estimate is the piece
+that can, so the planner can cross from a split to aggregated serving when that serves the load within the SLOs
+(``policy.py``, ``aggregation_pays``). It is the approach of Dynamo's planner, which sizes pools from a
+pre-deployment profile of the engine, applied to one question: would every worker as ``both`` hold the ITL?
+
+The model is that of a chunked-prefill scheduler (vLLM v1) on one worker of ``workers``, the load spread evenly:
+
+- a step reads the weights once and computes its prefill tokens at the compute-bound rate, whichever takes longer,
+  plus a cost per decoding sequence: ``max(weight_read, chunk / prefill_rate) + batch x per_sequence``;
+- decodes go first and take one token each of the step budget (``max_num_batched_tokens``); while prompt tokens
+  wait, a step fills the rest of the budget with them (a full chunk); otherwise it decodes only;
+- the worker must compute ``prompt_tokens_per_s / workers`` prompt tokens a second: that many full-chunk steps a
+  second, the rest of its time decode-only steps;
+- every running sequence gains one token per step, so the mean step is the inter-token latency, and the batch is
+  the decode rate times it (Little's law): ``batch = output_tokens_per_s / workers x itl``. The two are solved
+  together (a fixed point).
+
+It leaves out what costs a mixed step more on a real engine (attention over long contexts, an imperfect overlap of
+the weight read with the prefill's compute, KV-cache pressure) and a request's own variation around the mean step,
+which is why the policy asks for ``headroom`` under both limits, not just under 1.0.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EngineProfile(BaseModel):
+    """One engine's step cost, as a profiling run measures it (``planner.engine_profile`` in ``proxy_config.yaml``):
+    decode steps at two or more batch sizes give ``weight_read_ms`` (the intercept) and ``per_sequence_ms`` (the
+    slope); a prefill-only step over a long prompt gives ``prefill_tokens_per_s``. ``max_num_batched_tokens`` is the
+    step budget the ``both`` workers run with (vLLM's ``--max-num-batched-tokens``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    weight_read_ms: Annotated[float, Field(gt=0)]
+    """A decode step's fixed cost (reading the weights): the step time of a lone sequence, less ``per_sequence_ms``."""
+    per_sequence_ms: Annotated[float, Field(ge=0)]
+    """What each decoding sequence adds to a step (its KV reads)."""
+    prefill_tokens_per_s: Annotated[float, Field(gt=0)]
+    """Prompt tokens one worker computes per second in compute-bound (prefill-only) steps."""
+    max_num_batched_tokens: Annotated[int, Field(ge=1)]
+    """The step budget: prompt tokens plus one token per decoding sequence."""
+
+    def step_ms(self, prefill_tokens: float, decode_sequences: float) -> float:
+        """One step's time in milliseconds."""
+        compute = max(self.weight_read_ms, 1000.0 * prefill_tokens / self.prefill_tokens_per_s)
+        return compute + decode_sequences * self.per_sequence_ms
+
+
+@dataclass(frozen=True)
+class MixedEstimate:
+    """Aggregated serving at the given load, per worker."""
+
+    itl_ms: float | None
+    """The estimated inter-token latency (the mean step); None when the worker cannot keep up with its prompts."""
+    prefill_busy: float
+    """Share of the worker's time in full-chunk steps (>= 1: its prompts queue without bound)."""
+    batch: float
+    """Decoding sequences per worker at that latency."""
+
+    def holds(self, itl_target_ms: float, itl_margin: float, busy_max: float) -> bool:
+        """Whether the estimate holds the ITL target with ``itl_margin`` (0..1) to spare (itl <= itl_margin x target:
+        the estimate is a mean step, the SLO a percentile of requests) and keeps up with its prompts
+        (``prefill_busy <= busy_max``: the queue of prompts grows without bound as it nears 1)."""
+        return (self.itl_ms is not None and self.itl_ms <= itl_margin * itl_target_ms
+                and self.prefill_busy <= busy_max)
+
+
+def aggregated_estimate(profile: EngineProfile, workers: int, prompt_tokens_per_s: float,
+                        output_tokens_per_s: float, *, iterations: int = 60) -> MixedEstimate:
+    """Every one of ``workers`` as ``both``, with the model's load spread evenly over them (module docstring)."""
+    n = max(1, workers)
+    prompts = max(0.0, prompt_tokens_per_s) / n
+    outputs = max(0.0, output_tokens_per_s) / n
+    itl = profile.step_ms(0, 1)
+    busy = 0.0
+    batch = 0.0
+    for _ in range(iterations):
+        batch = outputs * itl / 1000.0
+        chunk = profile.max_num_batched_tokens - batch  # decodes take their tokens of the budget first
+        if chunk <= 0:
+            return MixedEstimate(None, math.inf, batch)
+        chunk_steps = prompts / chunk  # full-chunk steps a second
+        busy = chunk_steps * profile.step_ms(chunk, batch) / 1000.0
+        if busy >= 1.0:
+            return MixedEstimate(None, busy, batch)
+        decode_steps = (1.0 - busy) * 1000.0 / profile.step_ms(0, batch)
+        new = 1000.0 / (chunk_steps + decode_steps)
+        if abs(new - itl) < 1e-6:
+            itl = new
+            break
+        itl = 0.5 * (itl + new)  # damped: the batch grows with the latency it causes
+    return MixedEstimate(itl, busy, batch)
