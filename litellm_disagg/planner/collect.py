@@ -13,6 +13,11 @@
                  KV transfer time                   the workers' NIXL counters (the load scraper's transfer samples)
                  prefill rate                       in the proxy with KV routing: the remote-or-local decision's
                                                     fitted prefill line; otherwise unknown (queue term skipped)
+                 prompt tokens per second           the same sources: the proxy's prompt-token counter, role
+                                                    ``decode`` only (each request once; KV routing on), its increase
+                                                    over the window, per proxy (``CounterWindow``)
+                 output tokens per second           the workers' generation-token counters (the load scraper), their
+                                                    increase over the window, per worker (``CounterWindow``)
 
 One scrape round per step (no background task), so a step's signals are one instant's. A worker whose page did not
 answer reads as unknown load (``None``), never as idle.
@@ -23,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import httpx
@@ -33,13 +38,16 @@ from litellm_disagg.observability import metrics as m
 from litellm_disagg.planner.settings import PlannerSettings
 from litellm_disagg.planner.signals import ClusterSignals, LatencyWindow, ModelSignals, WorkerSignals
 from litellm_disagg.planner.window import (
+    CounterWindow,
     HistogramTotals,
     HistogramWindow,
     LabelFilter,
     MeanWindow,
     SampleLike,
     add_totals,
+    counter_totals,
     histogram_totals,
+    page_counter_samples,
     page_samples,
     registry_samples,
 )
@@ -51,16 +59,23 @@ logger = logging.getLogger(__name__)
 TTFT_METRIC = "litellm_disagg_time_to_first_token_seconds"
 ITL_METRIC = "litellm_disagg_inter_token_latency_seconds"
 ROUTE_METRIC = "litellm_disagg_route_seconds"
+PROMPT_TOKENS_METRIC = "litellm_disagg_prompt_tokens"
+"""A counter (``_total`` on the page): prompt tokens of the requests sent to each chosen worker."""
 
 REMOTE_PREFILL: LabelFilter = ("mode", frozenset({"disaggregated"}))
 """Requests prefilled on a prefill worker: their route time runs from arrival to the prefill's answer."""
 LOCAL_PREFILL: LabelFilter = ("mode", frozenset({"local_prefill", "aggregated"}))
 """Requests prefilled by the worker that decodes them: their TTFT is their prefill time."""
+DECODE_ROLE: LabelFilter = ("role", frozenset({"decode"}))
+"""Every request has exactly one decode worker (a remote prefill adds a ``prefill`` sample): each request once."""
+THIS_PROCESS = ""
+"""The source key of this process's own counters (``ProxyTotals.prompt_tokens``)."""
 
 
 @dataclass(frozen=True)
-class LatencyTotals:
-    """One model's cumulative latency histograms (None: none recorded yet)."""
+class ProxyTotals:
+    """One model's cumulative figures from the proxies' own metrics: latency histograms (None: none recorded yet) and
+    the prompt-token counter."""
 
     ttft: HistogramTotals | None = None
     itl: HistogramTotals | None = None
@@ -69,34 +84,43 @@ class LatencyTotals:
     (arrival to the prefill's answer, streamed or not) plus the TTFT histogram of those prefilled locally. Both
     histograms have the same buckets (``metrics.TTFT_BUCKETS``), so they add up bucket by bucket. Unlike the TTFT it
     holds no decode-side wait (a pull queued for KV blocks on a full decode worker)."""
+    prompt_tokens: Mapping[str, float] = field(default_factory=dict)
+    """Per proxy (its ``/metrics`` URL; ``THIS_PROCESS`` in the proxy), the prompt tokens of the requests it routed
+    (``litellm_disagg_prompt_tokens_total``, role ``decode``: each request once). Empty when none was counted (the
+    proxy counts them with KV routing only)."""
 
 
 class LatencySource(Protocol):
-    async def read(self) -> Mapping[str, LatencyTotals]:
-        """Per served model, the cumulative TTFT, ITL and prefill-time histograms now."""
+    async def read(self) -> Mapping[str, ProxyTotals]:
+        """Per served model, the cumulative TTFT, ITL and prefill-time histograms and prompt tokens now."""
         ...
 
 
-def latency_totals(samples: Sequence[SampleLike]) -> dict[str, LatencyTotals]:
-    """Per model, the three histograms, from samples of the TTFT, ITL and route-time metrics (a page's or this
-    process's registry's)."""
+def proxy_totals(samples: Sequence[SampleLike], source: str = THIS_PROCESS) -> dict[str, ProxyTotals]:
+    """Per model, the three histograms and the prompt tokens (keyed ``source``), from samples of the TTFT, ITL,
+    route-time and prompt-token metrics (a page's or this process's registry's)."""
     ttft = histogram_totals(samples, TTFT_METRIC)
     itl = histogram_totals(samples, ITL_METRIC)
     remote = histogram_totals(samples, ROUTE_METRIC, where=REMOTE_PREFILL)
     local = histogram_totals(samples, TTFT_METRIC, where=LOCAL_PREFILL)
-    return {model: LatencyTotals(ttft.get(model), itl.get(model), add_totals(remote.get(model), local.get(model)))
-            for model in set(ttft) | set(itl) | set(remote)}
+    prompts = counter_totals(samples, PROMPT_TOKENS_METRIC, where=DECODE_ROLE)
+    return {model: ProxyTotals(ttft.get(model), itl.get(model), add_totals(remote.get(model), local.get(model)),
+                               {source: prompts[model]} if model in prompts else {})
+            for model in set(ttft) | set(itl) | set(remote) | set(prompts)}
 
 
 class InProcessLatency:
-    """The proxy's own histograms (``observability/metrics.py``), read from this process's registry."""
+    """The proxy's own histograms and prompt-token counter (``observability/metrics.py``), read from this process's
+    registry."""
 
-    async def read(self) -> Mapping[str, LatencyTotals]:
-        return latency_totals([s for metric in (m.TTFT, m.ITL, m.ROUTE) for s in registry_samples(metric)])
+    async def read(self) -> Mapping[str, ProxyTotals]:
+        return proxy_totals([s for metric in (m.TTFT, m.ITL, m.ROUTE, m.PROMPT_TOKENS)
+                             for s in registry_samples(metric)])
 
 
 class ProxyPagesLatency:
-    """The proxies' ``/metrics`` pages (standalone planner): each page's histograms, added up over the proxies."""
+    """The proxies' ``/metrics`` pages (standalone planner): each page's histograms, added up over the proxies, and
+    each page's prompt tokens, kept per proxy (a restarted proxy's counter starts again from zero)."""
 
     def __init__(self, urls: Sequence[str], *, headers: Mapping[str, str] | None = None, timeout_s: float = 5.0,
                  client: httpx.AsyncClient | None = None):
@@ -106,17 +130,20 @@ class ProxyPagesLatency:
         self._client = client
         self._own = client is None
 
-    async def read(self) -> Mapping[str, LatencyTotals]:
+    async def read(self) -> Mapping[str, ProxyTotals]:
         client = self._http()
         pages = await asyncio.gather(*(self._page(client, url) for url in self.urls))
-        merged: dict[str, LatencyTotals] = {}
-        for page in pages:
+        merged: dict[str, ProxyTotals] = {}
+        for url, page in zip(self.urls, pages, strict=True):
             if page is None:
                 continue
-            for model, totals in latency_totals(page_samples(page, (TTFT_METRIC, ITL_METRIC, ROUTE_METRIC))).items():
-                before = merged.get(model, LatencyTotals())
-                merged[model] = LatencyTotals(add_totals(before.ttft, totals.ttft), add_totals(before.itl, totals.itl),
-                                              add_totals(before.prefill, totals.prefill))
+            samples = [*page_samples(page, (TTFT_METRIC, ITL_METRIC, ROUTE_METRIC)),
+                       *page_counter_samples(page, (PROMPT_TOKENS_METRIC,))]
+            for model, totals in proxy_totals(samples, url).items():
+                before = merged.get(model, ProxyTotals())
+                merged[model] = ProxyTotals(add_totals(before.ttft, totals.ttft), add_totals(before.itl, totals.itl),
+                                            add_totals(before.prefill, totals.prefill),
+                                            {**before.prompt_tokens, **totals.prompt_tokens})
         return merged
 
     async def _page(self, client: httpx.AsyncClient, url: str) -> str | None:
@@ -162,6 +189,8 @@ class SignalCollector:
         self._itl: dict[str, HistogramWindow] = {}
         self._prefill: dict[str, HistogramWindow] = {}
         self._transfer: dict[str, MeanWindow] = {}
+        self._prompted: dict[str, CounterWindow] = {}
+        self._generated: dict[str, CounterWindow] = {}
         self._model_of: dict[str, str] = {}
         self._now = 0.0
 
@@ -189,12 +218,17 @@ class SignalCollector:
                 self._itl.setdefault(model, HistogramWindow(window)).add(now, totals.itl)
             if totals.prefill is not None:
                 self._prefill.setdefault(model, HistogramWindow(window)).add(now, totals.prefill)
+            if totals.prompt_tokens:
+                self._prompted.setdefault(model, CounterWindow(window)).add(now, totals.prompt_tokens)
         loads = self.scraper.lookup()
         rate = self._prefill_rate() if self._prefill_rate is not None else None
         by_model: dict[str, list[WorkerSignals]] = {}
+        generated: dict[str, dict[str, float]] = {}
         for worker in workers:
             load = loads(worker.worker_id)
             known = not load.stale
+            if known and load.generation_tokens is not None:
+                generated.setdefault(worker.model, {})[worker.worker_id] = load.generation_tokens
             by_model.setdefault(worker.model, []).append(WorkerSignals(
                 worker_id=worker.worker_id,
                 model=worker.model,
@@ -208,12 +242,17 @@ class SignalCollector:
                 kv_usage=load.kv_usage if known else None,
                 servable_roles=frozenset((worker.role, *worker.allowed_roles)),
             ))
+        for model, counters in generated.items():
+            self._generated.setdefault(model, CounterWindow(window)).add(now, counters)
+        for model, counter in self._generated.items():
+            counter.retain([w.worker_id for w in by_model.get(model, ())])
         models = []
         for model in sorted(set(by_model) | set(self._ttft) | set(self._itl)):
             if model not in by_model:
                 continue
             ttft, itl, transfer = self._ttft.get(model), self._itl.get(model), self._transfer.get(model)
             prefill = self._prefill.get(model)
+            prompted, generating = self._prompted.get(model), self._generated.get(model)
             models.append(ModelSignals(
                 model,
                 tuple(by_model[model]),
@@ -222,6 +261,8 @@ class SignalCollector:
                 transfer.window(now) if transfer else LatencyWindow(),
                 rate,
                 prefill.window(q) if prefill else LatencyWindow(),
+                prompt_tokens_per_s=prompted.rate(now) if prompted else None,
+                output_tokens_per_s=generating.rate(now) if generating else None,
             ))
         return ClusterSignals(tuple(models))
 

@@ -10,6 +10,10 @@ from the difference by linear interpolation inside the bucket it falls in, so it
 The same snapshots come from this process's registry (the planner in the proxy: ``registry_samples``) or from a
 proxy's ``/metrics`` page (the standalone planner: ``page_samples``), both read by ``histogram_totals``, so both
 read the same numbers.
+
+Counters (tokens) are read the same way (``counter_totals``) and windowed by ``CounterWindow``: per source (a worker,
+a proxy), the increase since its previous reading, with a counter that went down read as restarted from zero (as
+Prometheus' ``rate()`` does), added up into one running total whose increase over the window is the rate.
 """
 
 from __future__ import annotations
@@ -110,6 +114,27 @@ def page_samples(text: str, names: Iterable[str]) -> list[prom_text.Sample]:
     return list(prom_text.samples(text, wanted))
 
 
+def counter_totals(samples: Iterable[SampleLike], name: str, *, by: str = "model",
+                   where: LabelFilter | None = None) -> dict[str, float]:
+    """Counter ``name`` (its ``_total`` samples; ``name`` without the suffix) added up per value of label ``by``
+    (with ``where``, only the samples it admits), from samples of a page or of a registry."""
+    totals: dict[str, float] = {}
+    total_name = name + "_total"
+    for sample in samples:
+        key = sample.labels.get(by)
+        if sample.name != total_name or key is None or not math.isfinite(sample.value):
+            continue
+        if where is not None and sample.labels.get(where[0]) not in where[1]:
+            continue
+        totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
+def page_counter_samples(text: str, names: Iterable[str]) -> list[prom_text.Sample]:
+    """The samples of the counters ``names`` (without ``_total``) on a Prometheus text page (for ``counter_totals``)."""
+    return list(prom_text.samples(text, prom_text.Wanted([n + "_total" for n in names])))
+
+
 def registry_samples(metric: object) -> list[SampleLike]:
     """A ``prometheus_client`` metric of this process: its samples now (its ``collect()``; for ``histogram_totals``)."""
     collect = getattr(metric, "collect", None)
@@ -176,3 +201,51 @@ class MeanWindow:
         if count <= 0:
             return LatencyWindow()
         return LatencyWindow(1000.0 * sum(e[2] for e in self._events) / count, int(round(count)))
+
+
+class CounterWindow:
+    """Cumulative counters of several sources (e.g. each worker's generated tokens) over time; ``rate(now)`` is their
+    increase per second over the last ``window_s``, all sources together.
+
+    Each source is handled on its own, as Prometheus' ``rate()`` does: its first reading is only a baseline (a worker
+    that joins with a large counter adds nothing), a reading below the previous one is a restart (the counter counted
+    again from zero: the reading is the increase), and a source missing from a reading keeps its baseline (a failed
+    scrape: the next reading counts the increase over both intervals). ``retain`` forgets departed sources."""
+
+    def __init__(self, window_s: float):
+        self.window_s = window_s
+        self._last: dict[str, float] = {}
+        self._total = 0.0
+        self._snapshots: deque[tuple[float, float]] = deque()
+
+    def add(self, now: float, counters: Mapping[str, float]) -> None:
+        """The sources read at ``now`` (cumulative values); nothing is recorded when none was read."""
+        read = False
+        for source, value in counters.items():
+            if not math.isfinite(value) or value < 0:
+                continue
+            before = self._last.get(source)
+            if before is not None:
+                self._total += value - before if value >= before else value
+            self._last[source] = value
+            read = True
+        if not read:
+            return
+        self._snapshots.append((now, self._total))
+        while len(self._snapshots) >= 2 and self._snapshots[1][0] <= now - self.window_s:
+            self._snapshots.popleft()
+
+    def retain(self, sources: Collection[str]) -> None:
+        """Forget the sources not in ``sources`` (a worker that left: one that comes back starts a new baseline)."""
+        for gone in set(self._last) - set(sources):
+            del self._last[gone]
+
+    def rate(self, now: float) -> float | None:
+        """Increase per second between the snapshot at the window's start (or the oldest kept) and the newest;
+        None with fewer than two snapshots or when the newest is older than the window (nothing read lately)."""
+        if len(self._snapshots) < 2:
+            return None
+        (start, base), (end, total) = self._snapshots[0], self._snapshots[-1]
+        if end <= start or end < now - self.window_s:
+            return None
+        return (total - base) / (end - start)

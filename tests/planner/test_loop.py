@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from litellm_disagg.discovery.roles import RoleNotServable, check_request
-from litellm_disagg.planner.collect import LatencyTotals, SignalCollector
+from litellm_disagg.planner.collect import ProxyTotals, SignalCollector
 from litellm_disagg.planner.hook import DesiredHook, HookCall
 from litellm_disagg.planner.lock import LOCK_FILE, FileLock
 from litellm_disagg.planner.loop import PlannerLoop
@@ -72,8 +72,8 @@ class DrivenLatency:
             out.append((le, cumulative))
         return HistogramTotals(tuple(out), cumulative)
 
-    async def read(self) -> Mapping[str, LatencyTotals]:
-        return {MODEL: LatencyTotals(self._totals(self.ttft), self._totals(self.itl))}
+    async def read(self) -> Mapping[str, ProxyTotals]:
+        return {MODEL: ProxyTotals(self._totals(self.ttft), self._totals(self.itl))}
 
 
 class Clock:

@@ -18,7 +18,7 @@ from litellm_disagg.planner.collect import (
     InProcessLatency,
     ProxyPagesLatency,
     SignalCollector,
-    latency_totals,
+    proxy_totals,
 )
 from litellm_disagg.planner.lock import LOCK_FILE, FileLock
 from litellm_disagg.planner.loop import PlannerLoop
@@ -57,7 +57,7 @@ def test_the_prefill_time_is_remote_route_time_plus_local_ttft():
         (TTFT_METRIC, "aggregated", 0.6, 1),
         (ROUTE_METRIC, "aggregated", 0.001, 1),
     ])
-    totals = latency_totals(page_samples(text, (TTFT_METRIC, ITL_METRIC, ROUTE_METRIC)))[MODEL]
+    totals = proxy_totals(page_samples(text, (TTFT_METRIC, ITL_METRIC, ROUTE_METRIC)))[MODEL]
     assert totals.ttft is not None and totals.prefill is not None
     assert totals.ttft.count == 13 and totals.prefill.count == 13
     assert 2.0 < (totals.ttft.quantile(0.5) or 0) <= 3.0

@@ -3,9 +3,10 @@
 Metric names come from the engine's ``MetricNames`` (``litellm_disagg.engines``; vLLM's names below as the example).
 One asyncio task scrapes all targets concurrently every ``interval_s``. Per worker it keeps the last values of
 ``vllm:num_requests_waiting``, ``vllm:num_requests_running`` and ``vllm:kv_cache_usage_perc`` (older vLLM:
-``vllm:gpu_cache_usage_perc``), summed over engines (usage averaged). A scrape that fails keeps the previous values
-and marks them stale; values older than ``stale_after_s`` read as stale too. Readers get a ``ScrapedLoad`` snapshot
-(immutable) and never wait for I/O.
+``vllm:gpu_cache_usage_perc``), summed over engines (usage averaged), and the cumulative
+``vllm:generation_tokens_total`` where the engine reports it (the planner's decode demand). A scrape that fails keeps
+the previous values and marks them stale; values older than ``stale_after_s`` read as stale too. Readers get a
+``ScrapedLoad`` snapshot (immutable) and never wait for I/O.
 
 Parsing (``engines.prom_text`` with a ``Wanted`` filter built once) reads only the lines of the wanted metrics (a vLLM
 metrics page is mostly histograms), so 64 workers every 250 ms cost little CPU on the event loop.
@@ -74,6 +75,8 @@ class _LoadNames:
     """Bytes moved (the sum of the engine's bytes-per-transfer histogram); optional, for the metrics only."""
     process_start: str
     wanted: prom_text.Wanted
+    generation_tokens: str | None = None
+    """Tokens generated (a counter), for the planner's decode demand; None where the engine does not report it."""
     path: str = "metrics"
     """Where the page is, under the server root (``MetricNames.path``)."""
 
@@ -90,6 +93,7 @@ class _LoadNames:
             metrics.prompt_tokens_by_source,
             metrics.process_start,
             transfer_bytes,
+            metrics.generation_tokens,
         )
         tokens = metrics.prompt_tokens_by_source
         by_source = {} if tokens is None else {tokens: (metrics.source_label, metrics.transferred_source)}
@@ -109,6 +113,7 @@ class _LoadNames:
                 where=by_source,
             ),
             path=metrics.path,
+            generation_tokens=metrics.generation_tokens,
         )
 
 
@@ -122,6 +127,9 @@ class ScrapedLoad:
     """Monotonic time of the scrape these values come from."""
     stale: bool = True
     """The last scrape failed (or none succeeded yet), or the values are older than ``stale_after_s``."""
+    generation_tokens: float | None = None
+    """Tokens generated since the engine started (its cumulative counter, summed over engines); None when the page
+    lacks it."""
 
 
 NOT_SCRAPED = ScrapedLoad()
@@ -173,6 +181,7 @@ def _parse(text: str, names: _LoadNames) -> tuple[ScrapedLoad | None, TransferTo
             running=sums.get(names.running, 0.0),
             kv_usage=min(1.0, max(0.0, usage)),
             stale=False,
+            generation_tokens=sums.get(names.generation_tokens) if names.generation_tokens is not None else None,
         )
     totals: TransferTotals | None = None
     transfers = sums.get(names.transfers) if names.transfers is not None else None
@@ -329,7 +338,8 @@ class LoadScraper:
             if found is None:
                 return NOT_SCRAPED
             if not found.stale and now - found.scraped_at > limit:
-                return ScrapedLoad(found.waiting, found.running, found.kv_usage, found.scraped_at, stale=True)
+                return ScrapedLoad(found.waiting, found.running, found.kv_usage, found.scraped_at, True,
+                                   found.generation_tokens)
             return found
 
         return get
@@ -360,14 +370,15 @@ class LoadScraper:
             if worker_id in self._targets:
                 base = previous or ScrapedLoad()
                 self._last[worker_id] = ScrapedLoad(
-                    base.waiting, base.running, base.kv_usage, base.scraped_at, stale=True
+                    base.waiting, base.running, base.kv_usage, base.scraped_at, True, base.generation_tokens
                 )
                 self.version += 1
             return
         if worker_id not in self._targets:  # removed while the scrape was in flight
             return
         now = self._clock()
-        self._last[worker_id] = ScrapedLoad(parsed.waiting, parsed.running, parsed.kv_usage, now, stale=False)
+        self._last[worker_id] = ScrapedLoad(parsed.waiting, parsed.running, parsed.kv_usage, now, False,
+                                            parsed.generation_tokens)
         self.version += 1
         if self._targets[worker_id] != server_url:  # moved to another URL meanwhile: not the same counters
             return

@@ -1,0 +1,232 @@
+"""The model's load rates outside the simulator (``ModelSignals.prompt_tokens_per_s``, ``output_tokens_per_s``:
+what the aggregation estimate needs, ``planner/mixing.py``): the workers' generation-token counters and the proxy's
+prompt-token counter, their increase over the window (``planner/collect.py``, ``planner/window.py``). Pages come from
+a mock transport; the in-proxy source reads this process's registry."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from litellm_disagg.observability.requests import RequestMetrics
+from litellm_disagg.planner import Planner
+from litellm_disagg.planner.collect import (
+    InProcessLatency,
+    LatencySource,
+    ProxyPagesLatency,
+    ProxyTotals,
+    SignalCollector,
+)
+from litellm_disagg.planner.mixing import EngineProfile
+from litellm_disagg.planner.signals import ClusterSignals, ModelSignals
+from litellm_disagg.planner.window import CounterWindow
+from litellm_disagg.routing.kv.block_hash import PromptBlocks
+from litellm_disagg.routing.kv.load_scraper import LoadScraper, parse_metrics
+from litellm_disagg.routing.orchestrator import Mode, Outcome
+from litellm_disagg.routing.route_plan import RoutePlan
+from litellm_disagg.runtime_config import RuntimeConfig
+
+from ..test_runtime_config import VALID
+from .test_loop import Clock, settings
+
+MODEL = "load-rates-model"
+
+
+def engine_page(generated: float) -> str:
+    """A vLLM worker's page: two engine cores, the generation-token counter split between them."""
+    return (
+        'vllm:num_requests_running{engine="0",model_name="m"} 2\n'
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 0\n'
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25\n'
+        f'vllm:generation_tokens_total{{engine="0",model_name="m"}} {0.75 * generated}\n'
+        f'vllm:generation_tokens_total{{engine="1",model_name="m"}} {0.25 * generated}\n'
+    )
+
+
+def proxy_page(decode: Mapping[str, float], prefill: Mapping[str, float] | None = None) -> str:
+    """A proxy's page with its prompt-token counter: per chosen worker, role ``decode`` and ``prefill``."""
+    registry = CollectorRegistry()
+    counter = Counter("litellm_disagg_prompt_tokens", "", ["model", "role", "worker"], registry=registry)
+    for role, tokens in (("decode", decode), ("prefill", prefill or {})):
+        for worker_id, n in tokens.items():
+            counter.labels(MODEL, role, worker_id).inc(n)
+    return generate_latest(registry).decode()
+
+
+class Pages:
+    """Pages by URL (a status code: that error); an unknown URL is a 404."""
+
+    def __init__(self) -> None:
+        self.pages: dict[str, str | int] = {}
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        page = self.pages.get(str(request.url), 404)
+        return httpx.Response(page) if isinstance(page, int) else httpx.Response(200, text=page)
+
+
+def worker(worker_id: str, role: str) -> RuntimeConfig:
+    return RuntimeConfig.model_validate(VALID | {
+        "worker_id": worker_id, "role": role, "model": MODEL, "base_url": f"http://{worker_id}:8000/v1",
+        "allowed_roles": ["prefill", "decode", "both"]})
+
+
+class NoLatency:
+    async def read(self) -> Mapping[str, ProxyTotals]:
+        return {}
+
+
+@pytest.fixture
+def client() -> Iterator[tuple[Pages, httpx.AsyncClient]]:
+    pages = Pages()
+    yield pages, httpx.AsyncClient(transport=httpx.MockTransport(pages.handler))
+
+
+def collector(client: httpx.AsyncClient, latency: LatencySource, **kw: object) -> SignalCollector:
+    # the scraper's own clock stands still: a page read in this step is fresh whatever the test's pace
+    scraper = LoadScraper(client=client, clock=lambda: 0.0, stale_after_s=1.0)
+    return SignalCollector(settings(**kw), latency, scraper=scraper)
+
+
+async def rates(c: SignalCollector, now: float, workers: list[RuntimeConfig]) -> ModelSignals:
+    signals = await c.collect(now, workers, {})
+    found = signals.model(MODEL)
+    assert found is not None
+    return found
+
+
+# -- the window ---------------------------------------------------------------------------------------------------
+
+
+def test_counter_window_counts_each_source_from_its_own_baseline_and_a_restart_from_zero() -> None:
+    w = CounterWindow(10.0)
+    w.add(0.0, {"a": 1000.0, "b": 5000.0})
+    assert w.rate(0.0) is None                              # one reading: a baseline only
+    w.add(5.0, {"a": 1500.0, "b": 5750.0})
+    assert w.rate(5.0) == pytest.approx(1250 / 5)
+    w.add(10.0, {"a": 200.0, "b": 6250.0, "new": 1e6})      # a restarted (counted from zero), new joins: baseline
+    assert w.rate(10.0) == pytest.approx((500 + 750 + 200 + 500) / 10)
+    w.add(15.0, {"b": 6750.0})                              # a not read: keeps its baseline
+    w.add(20.0, {"a": 600.0, "b": 7250.0, "new": 1e6 + 100})
+    assert w.rate(20.0) == pytest.approx((500 + 400 + 500 + 100) / 10)  # since the snapshot at 10 s
+    w.retain(["b"])                                         # a and new left; when a comes back, a new baseline
+    w.add(25.0, {"a": 5e6, "b": 7350.0})
+    assert w.rate(25.0) == pytest.approx((100 + 500 + 400 + 100) / 10)
+    assert w.rate(36.0) is None                             # nothing read for longer than the window
+
+
+def test_the_load_scraper_reads_the_generation_counter_summed_over_engines() -> None:
+    load = parse_metrics(engine_page(1000.0))
+    assert load is not None and load.generation_tokens == pytest.approx(1000.0)
+    without = parse_metrics('vllm:num_requests_running{engine="0"} 1\n')
+    assert without is not None and without.generation_tokens is None
+
+
+# -- output tokens: the workers' counters -------------------------------------------------------------------------
+
+
+async def test_output_tokens_per_s_from_the_workers_counters_a_restart_neither_negative_nor_huge(client) -> None:
+    pages, http = client
+    workers = [worker("d0", "decode"), worker("d1", "decode")]
+    c = collector(http, NoLatency())
+    try:
+        pages.pages = {"http://d0:8000/metrics": engine_page(1000), "http://d1:8000/metrics": engine_page(5000)}
+        assert (await rates(c, 0.0, workers)).output_tokens_per_s is None   # a baseline only
+        pages.pages = {"http://d0:8000/metrics": engine_page(1500), "http://d1:8000/metrics": engine_page(5750)}
+        assert (await rates(c, 5.0, workers)).output_tokens_per_s == pytest.approx((500 + 750) / 5)
+        # d0 restarted: its counter starts again from zero (the summed counter went down from 7250 to 6450);
+        # d2 joins after hours of serving: its counter is a baseline, not a burst
+        workers.append(worker("d2", "decode"))
+        pages.pages = {"http://d0:8000/metrics": engine_page(200), "http://d1:8000/metrics": engine_page(6250),
+                       "http://d2:8000/metrics": engine_page(3e6)}
+        model = await rates(c, 10.0, workers)
+        assert model.output_tokens_per_s == pytest.approx((500 + 750 + 200 + 500) / 10)
+        # d1's page fails: its tokens are counted at its next read
+        pages.pages["http://d0:8000/metrics"] = engine_page(400)
+        pages.pages["http://d1:8000/metrics"] = 500
+        pages.pages["http://d2:8000/metrics"] = engine_page(3e6 + 300)
+        assert (await rates(c, 15.0, workers)).output_tokens_per_s == pytest.approx((200 + 500 + 200 + 300) / 10)
+        pages.pages["http://d1:8000/metrics"] = engine_page(6650)
+        assert (await rates(c, 20.0, workers)).output_tokens_per_s == pytest.approx((200 + 400 + 300) / 10)
+    finally:
+        await c.aclose()
+        await http.aclose()
+
+
+# -- prompt tokens: the proxy's counter ---------------------------------------------------------------------------
+
+
+async def test_standalone_prompt_tokens_per_s_added_over_proxies_decode_role_only(client) -> None:
+    pages, http = client
+    a, b = "http://proxy-a/metrics", "http://proxy-b/metrics"
+    source = ProxyPagesLatency([a, b], client=http)
+    c = collector(http, source)
+    workers = [worker("p0", "prefill"), worker("d0", "decode")]
+    try:
+        pages.pages = {a: proxy_page({"d0": 1000}, {"p0": 1000}), b: proxy_page({"d0": 500})}
+        totals = (await source.read())[MODEL]
+        assert totals.prompt_tokens == {a: 1000.0, b: 500.0}       # per proxy; the prefill role not counted
+        assert (await rates(c, 0.0, workers)).prompt_tokens_per_s is None
+        # 600 tokens through proxy a, each request with a remote prefill (counted again under role prefill); proxy
+        # b restarted and has routed 300 since
+        pages.pages = {a: proxy_page({"d0": 1600}, {"p0": 1600}), b: proxy_page({"d0": 300})}
+        assert (await rates(c, 10.0, workers)).prompt_tokens_per_s == pytest.approx((600 + 300) / 10)
+        pages.pages[b] = 503                                          # b unreadable: counted at its next read
+        pages.pages[a] = proxy_page({"d0": 2000}, {"p0": 2000})
+        assert (await rates(c, 20.0, workers)).prompt_tokens_per_s == pytest.approx(400 / 10)
+        pages.pages[b] = proxy_page({"d0": 500})
+        assert (await rates(c, 30.0, workers)).prompt_tokens_per_s == pytest.approx(200 / 10)
+    finally:
+        await c.aclose()
+        await http.aclose()
+
+
+class Routed:
+    """Requests routed through the proxy's own request metrics (``RequestMetrics``): this process's registry."""
+
+    def __init__(self, decode: RuntimeConfig, prefill: RuntimeConfig):
+        self.decode, self.prefill = decode, prefill
+        self.metrics = RequestMetrics(clock=Clock())
+        self.n = 0
+
+    def serve(self, prompt_tokens: int, *, remote: bool) -> None:
+        self.n += 1
+        prompt = PromptBlocks(list(range(prompt_tokens)))
+        if remote:
+            plan = RoutePlan(self.decode, (self.prefill,), None, "remote", prompt=prompt)
+            outcome = Outcome(Mode.DISAGGREGATED, self.decode, self.prefill.worker_id, prefill_seconds=0.1)
+        else:
+            plan = RoutePlan(self.decode, (), "short", "local", prompt=prompt)
+            outcome = Outcome(Mode.AGGREGATED, self.decode)
+        call = f"load-rates-{self.n}"
+        self.metrics.routed(call, plan, outcome, started=0.0, selection_s=0.0)
+        self.metrics.finished(call)
+
+
+async def test_in_the_proxy_prompt_tokens_per_s_counts_each_request_once_and_the_planner_estimates(client) -> None:
+    pages, http = client
+    prefill, decode = worker("p1", "prefill"), worker("d1", "decode")
+    routed = Routed(decode, prefill)
+    profile = EngineProfile(weight_read_ms=20.0, per_sequence_ms=0.2, prefill_tokens_per_s=20_000,
+                            max_num_batched_tokens=512)
+    c = collector(http, InProcessLatency(), engine_profile=profile)
+    workers = [prefill, decode]
+    pages.pages = {"http://d1:8000/metrics": engine_page(0), "http://p1:8000/metrics": engine_page(0)}
+    try:
+        routed.serve(10, remote=False)  # before the baseline: not in the window
+        first = await rates(c, 0.0, workers)
+        assert first.prompt_tokens_per_s is None and first.output_tokens_per_s is None
+        for _ in range(10):
+            routed.serve(100, remote=True)   # counted under decode and prefill: once here
+            routed.serve(50, remote=False)
+        pages.pages["http://d1:8000/metrics"] = engine_page(4000)
+        model = await rates(c, 10.0, workers)
+        assert model.prompt_tokens_per_s == pytest.approx((10 * 100 + 10 * 50) / 10)
+        assert model.output_tokens_per_s == pytest.approx(4000 / 10)
+        decision = Planner(c.settings).step(ClusterSignals((model,)), 10.0).decision(MODEL)
+        assert decision is not None and decision.pressures.aggregated_itl_ratio is not None
+    finally:
+        await c.aclose()
+        await http.aclose()
