@@ -367,12 +367,16 @@ def aggregation_pays(p: Pressures, estimate: MixedEstimate | None, settings: Pla
     worker as ``both`` at this load holds the ITL under ``headroom`` of its SLO and keeps up with the prompts
     (``aggregate_busy_max``), and a side of the split misses its SLO (pressure over 1): the split fails a load
     that aggregated serving would hold. ``crossing``: the last move was this crossing's, which goes on while the
-    estimate holds (the half-crossed layout's pressures describe neither family)."""
+    estimate keeps up with the prompts and holds the ITL SLO itself (a band, as ``aggregate_below`` is one in
+    pressure: a crossing started with margin is not left half done on a noisy load estimate; the half-crossed
+    layout's pressures describe neither family)."""
     if not (settings.allow_aggregated and disaggregated and estimate is not None):
         return False
+    if crossing:
+        return estimate.holds(settings.itl_ms, 1.0, 1.0)
     if not estimate.holds(settings.itl_ms, settings.headroom, settings.aggregate_busy_max):
         return False
-    return crossing or p.prefill > 1.0 or p.decode > 1.0
+    return p.prefill > 1.0 or p.decode > 1.0
 
 
 def condition_of(p: Pressures, settings: PlannerSettings, *, disaggregated: bool,

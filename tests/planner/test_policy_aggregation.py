@@ -136,3 +136,27 @@ def test_the_estimate_needs_both_load_rates_and_is_logged_as_inf_when_the_worker
     decision = planner.step(flooded, 2.0).decision(MODEL)
     assert decision is not None and decision.pressures.aggregated_itl_ratio == math.inf
     assert decision.pressures.as_fields()["aggregated_itl_ratio"] == math.inf
+
+
+def test_a_crossing_once_started_goes_on_inside_the_band_and_stops_past_it() -> None:
+    # started with margin (busy under aggregate_busy_max), it goes on while the estimate still keeps up with the
+    # prompts and holds the ITL SLO itself, as the pressure band does for low_load: a noisy load estimate just over
+    # aggregate_busy_max does not leave the layout half crossed
+    planner = Planner(settings(512))
+    for t in (0.0, 2.0):
+        decision = planner.step(prompt_heavy(split(6, 2)), t).decision(MODEL)
+    assert decision is not None and len(decision.moves) == 3
+    busier = prompt_heavy(split(3, 2, 3), rate=32.0)  # estimated busy ~0.95: over aggregate_busy_max, under 1
+    decision = planner.step(busier, 4.0).decision(MODEL)
+    assert decision is not None and decision.pressures.aggregated_busy is not None
+    assert 0.9 < decision.pressures.aggregated_busy < 1.0
+    assert decision.condition is Condition.AGGREGATION_PAYS and len(decision.moves) == 3
+    # the same load does not start a crossing
+    fresh = Planner(settings(512))
+    for t in (0.0, 2.0):
+        decision = fresh.step(prompt_heavy(split(6, 2), rate=32.0), t).decision(MODEL)
+    assert decision is not None and decision.condition is not Condition.AGGREGATION_PAYS
+    # past the band (the workers would not keep up) the crossing stops
+    flooded = prompt_heavy(split(0, 2, 6), rate=40.0)
+    decision = planner.step(flooded, 6.0).decision(MODEL)
+    assert decision is not None and decision.condition is not Condition.AGGREGATION_PAYS
