@@ -271,6 +271,9 @@ class _ModelState:
     """When this model's last move was decided (the latency windows before ``last_move_at + window_s`` still hold
     requests served by the old layout)."""
     last_move_condition: Condition | None = None
+    to_both: bool = False
+    """The last step's condition was a pressed side's (``decode_bound``, ``transfer_costly``) and asked for moves into
+    ``both`` only: its streak is evidence for ``aggregation_pays`` (``low_load``'s is not: no side asked)."""
     split_at: float | None = None
     """When ``mixing_costly`` last split ``both`` workers (the ITL window before ``split_at + window_s`` holds their
     mixed steps)."""
@@ -609,7 +612,10 @@ class Planner:
         else:
             condition = condition_of(p, s, disaggregated=disaggregated, aggregated_workers=current.both > 0)
             crossing = False
-        state.streak = state.streak + 1 if condition is state.condition else 1
+        # a condition that asked for moves into ``both`` is evidence for the crossing into ``both`` too: its streak
+        # carries over (on a shift to generation-heavy, idle prefill workers' ``decode_bound`` turns into the crossing)
+        same = condition is state.condition or (condition is Condition.AGGREGATION_PAYS and state.to_both)
+        state.streak = state.streak + 1 if same else 1
         state.condition = condition
         streak = state.streak
 
@@ -649,6 +655,8 @@ class Planner:
                     state.last_move_condition = condition
                     if condition is Condition.MIXING_COSTLY:
                         state.split_at = now
+        state.to_both = (condition in (Condition.DECODE_BOUND, Condition.TRANSFER_COSTLY) and bool(routes)
+                         and all(dst is WorkerRole.BOTH for _, dst in routes))
         moved = {m.worker_id for m in moves}
         desired, drain = self._desired(model, p, condition, layout, no_candidate, state, moved)
         return ModelDecision(model.model, condition, streak, p, tuple(moves), desired, current, drain, held)

@@ -160,3 +160,27 @@ def test_a_crossing_once_started_goes_on_inside_the_band_and_stops_past_it() -> 
     flooded = prompt_heavy(split(0, 2, 6), rate=40.0)
     decision = planner.step(flooded, 6.0).decision(MODEL)
     assert decision is not None and decision.condition is not Condition.AGGREGATION_PAYS
+
+
+def test_decode_bound_evidence_for_both_carries_over_into_the_crossing() -> None:
+    # a shift to short prompts and long answers: decode just over its ITL SLO, prefill idle. decode_bound asks for
+    # the idle prefill workers to go to both; when the next step reads aggregation_pays (the same moves, and more),
+    # that step is the condition's second, not its first: the crossing moves at once instead of a step later
+    def shifted(rates: bool) -> ClusterSignals:
+        return ClusterSignals((ModelSignals(
+            MODEL, split(6, 2), ttft=LatencyWindow(200, 50), itl=LatencyWindow(42, 50),
+            prefill_time=LatencyWindow(20, 50),
+            prompt_tokens_per_s=20 * 320.0 if rates else None, output_tokens_per_s=20 * 300.0 if rates else None),))
+
+    planner = Planner(settings(512))
+    first = planner.step(shifted(False), 0.0).decision(MODEL)
+    assert first is not None and first.condition is Condition.DECODE_BOUND and not first.moves
+    second = planner.step(shifted(True), 2.0).decision(MODEL)
+    assert second is not None and second.condition is Condition.AGGREGATION_PAYS
+    assert [(m.from_role, m.to_role) for m in second.moves] == [(P, B)] * 3
+    # low_load's streak is no such evidence (no side asked for the move)
+    idle = Planner(settings(512))
+    quiet = ClusterSignals((ModelSignals(MODEL, split(6, 2)),))
+    assert idle.step(quiet, 0.0).decision(MODEL).condition is Condition.LOW_LOAD  # type: ignore[union-attr]
+    after = idle.step(prompt_heavy(split(6, 2)), 2.0).decision(MODEL)
+    assert after is not None and after.condition is Condition.AGGREGATION_PAYS and not after.moves
