@@ -522,11 +522,13 @@ def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settin
     over its SLO, ``ceil(pool size x (pressure - 1) / 4)`` (a latency ratio overstates the capacity missing; the next
     step's fresh evidence asks for the rest; fewer when the decode side would lose its headroom), at least 1, at most ``max_moves_per_step``. When the moves go to ``both`` because
     prefill is nearly idle (``low_load``, ``decode_bound`` under ``aggregate_below``), ``max_moves_per_step``: those
-    workers' prefill capacity is wasted, and a ``both`` worker still prefills. ``mixing_costly``: every ``both``
+    workers' prefill capacity is wasted, and a ``both`` worker still prefills; the same for ``aggregation_pays``
+    (a half-crossed layout is neither family). ``mixing_costly``: every ``both``
     worker (each one mixes), fewer when the decode side would lose its headroom. ``transfer_costly`` moves one."""
     cap = settings.max_moves_per_step
-    if condition is Condition.AGGREGATION_PAYS or condition is Condition.LOW_LOAD or (condition is Condition.DECODE_BOUND and settings.allow_aggregated
-                                           and p.prefill < settings.aggregate_below):
+    if condition in (Condition.AGGREGATION_PAYS, Condition.LOW_LOAD) or (
+            condition is Condition.DECODE_BOUND and settings.allow_aggregated
+            and p.prefill < settings.aggregate_below):
         return cap
     if condition is Condition.PREFILL_BOUND:
         pressure, size = p.prefill, model.prefill_pool.size
