@@ -32,12 +32,17 @@ async def sse_events(prepared: Prepared, stream: RequestStream, *, chat: bool) -
     finished = False
     try:
         ids = bool(body.return_token_ids)
-        if chat:
-            first = chunk(prepared, created, {"delta": {"role": "assistant", "content": ""}}, chat=True)
-            if ids:
-                first["prompt_token_ids"] = prepared.prompt_ids
-            yield event(first)
+        opened = not chat
         async for delta in stream:
+            if not opened:
+                # vLLM opens a chat stream with the role-only chunk when the first output arrives (its
+                # ``first_iteration``), not when it admits the request: a client (the router's accounting, a TTFT)
+                # that takes a stream's first chunk for its first token must see it no earlier than that
+                first = chunk(prepared, created, {"delta": {"role": "assistant", "content": ""}}, chat=True)
+                if ids:
+                    first["prompt_token_ids"] = prepared.prompt_ids
+                yield event(first)
+                opened = True
             text = tokenizer.decode(delta.token_ids)
             choice: dict[str, Any] = {"delta": {"content": text}} if chat else {"text": text}
             choice["finish_reason"] = delta.finish_reason

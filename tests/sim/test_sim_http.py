@@ -241,3 +241,34 @@ async def test_return_token_ids_and_a_token_id_prompt_continue_the_answer(worker
     assert choice["token_ids"] == out_ids[4:] and choice["prompt_token_ids"] == prompt_ids + out_ids[:4]
     done_text = "".join(e["choices"][0]["delta"]["content"] for e in events[1:5])
     assert done_text + choice["text"] == text
+
+
+async def test_a_chat_stream_opens_with_its_first_output_not_at_admission(client):
+    # vLLM sends the role-only opening chunk with the first output (first_iteration). A request queued behind another
+    # (one sequence at a time) must send nothing until it runs: a client that takes the first chunk for the first
+    # token (the router's accounting of a prompt still prefilling) would otherwise see it computed while it waits
+    queued = SimWorker("sim-http-queue", WorkerRole.BOTH, fast_settings(max_num_seqs=1).with_speedup(1.0))
+    await queued.start()
+    try:
+        url = f"{queued.base_url}/chat/completions"
+        order: list[str] = []
+
+        async def first_chunk_of(name: str, tokens: int) -> None:
+            async with client.stream("POST", url, json=chat_body(max_tokens=tokens, stream=True)) as r:
+                lines = r.aiter_lines()
+                async for line in lines:
+                    if line.startswith("data: {"):
+                        order.append(name + " opened")
+                        break
+                async for _ in lines:
+                    pass
+                order.append(name + " done")
+
+        running = asyncio.create_task(first_chunk_of("first", 40))
+        while "first opened" not in order:
+            await asyncio.sleep(0.01)
+        await first_chunk_of("second", 2)
+        await running
+        assert order.index("first done") < order.index("second opened"), order
+    finally:
+        await queued.stop()
