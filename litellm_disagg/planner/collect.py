@@ -47,7 +47,6 @@ from litellm_disagg.planner.window import (
     add_totals,
     counter_totals,
     histogram_totals,
-    page_counter_samples,
     page_samples,
     registry_samples,
 )
@@ -137,8 +136,7 @@ class ProxyPagesLatency:
         for url, page in zip(self.urls, pages, strict=True):
             if page is None:
                 continue
-            samples = [*page_samples(page, (TTFT_METRIC, ITL_METRIC, ROUTE_METRIC)),
-                       *page_counter_samples(page, (PROMPT_TOKENS_METRIC,))]
+            samples = page_samples(page, (TTFT_METRIC, ITL_METRIC, ROUTE_METRIC), (PROMPT_TOKENS_METRIC,))
             for model, totals in proxy_totals(samples, url).items():
                 before = merged.get(model, ProxyTotals())
                 merged[model] = ProxyTotals(add_totals(before.ttft, totals.ttft), add_totals(before.itl, totals.itl),

@@ -108,9 +108,11 @@ def histogram_totals(samples: Iterable[SampleLike], name: str, *, by: str = "mod
             for key, per in buckets.items()}
 
 
-def page_samples(text: str, names: Iterable[str]) -> list[prom_text.Sample]:
-    """The samples of the histograms ``names`` on a Prometheus text page (for ``histogram_totals``)."""
-    wanted = prom_text.Wanted([n + suffix for n in names for suffix in ("_bucket", "_count")])
+def page_samples(text: str, names: Iterable[str], counters: Iterable[str] = ()) -> list[prom_text.Sample]:
+    """The samples of the histograms ``names`` and of the counters ``counters`` (without ``_total``) on a Prometheus
+    text page, in one pass (for ``histogram_totals`` and ``counter_totals``)."""
+    wanted = prom_text.Wanted([*(n + suffix for n in names for suffix in ("_bucket", "_count")),
+                               *(n + "_total" for n in counters)])
     return list(prom_text.samples(text, wanted))
 
 
@@ -128,11 +130,6 @@ def counter_totals(samples: Iterable[SampleLike], name: str, *, by: str = "model
             continue
         totals[key] = totals.get(key, 0.0) + sample.value
     return totals
-
-
-def page_counter_samples(text: str, names: Iterable[str]) -> list[prom_text.Sample]:
-    """The samples of the counters ``names`` (without ``_total``) on a Prometheus text page (for ``counter_totals``)."""
-    return list(prom_text.samples(text, prom_text.Wanted([n + "_total" for n in names])))
 
 
 def registry_samples(metric: object) -> list[SampleLike]:
