@@ -29,9 +29,14 @@ def collect(cluster: Cluster, now: float) -> ClusterSignals:
     ttft: list[float] = []
     itl: list[float] = []
     prefill: list[float] = []
+    prompt_tokens = 0
+    output_tokens = 0.0
     for req in reversed(cluster.requests):
         if req.arrival < since - 600:
             break  # requests are in arrival order; none this old finished in the window
+        if req.arrival >= since:
+            prompt_tokens += req.prompt
+        output_tokens += _generated_in(req, since, now)
         if req.remote and req.prefill_done is not None:
             if req.prefill_done >= since:
                 prefill.append((req.prefill_done - req.arrival) * 1e3)
@@ -45,14 +50,6 @@ def collect(cluster: Cluster, now: float) -> ClusterSignals:
         if req.finish is not None and req.finish >= since and req.output >= 2:
             itl.append((req.finish - req.first_token) / (req.output - 1) * 1e3)  # type: ignore[operator]
     span = min(window, now)
-    prompt_tokens = 0
-    output_tokens = 0.0
-    for req in reversed(cluster.requests):
-        if req.arrival < since - 600:
-            break
-        if req.arrival >= since:
-            prompt_tokens += req.prompt
-        output_tokens += _generated_in(req, since, now)
     transfers = [s * 1e3 for t, s in cluster.pulls_done[-2000:] if t >= since]
     workers = tuple(
         WorkerSignals(

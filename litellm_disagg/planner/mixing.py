@@ -23,7 +23,8 @@ The model is that of a chunked-prefill scheduler (vLLM v1) on one worker of ``wo
 
 It leaves out what costs a mixed step more on a real engine (attention over long contexts, an imperfect overlap of
 the weight read with the prefill's compute, KV-cache pressure) and a request's own variation around the mean step,
-which is why the policy asks for ``headroom`` under both limits, not just under 1.0.
+which is why the policy asks for the ITL under ``headroom`` of its SLO and the prompt share under
+``aggregate_busy_max``, not just under 1.0.
 """
 
 from __future__ import annotations
