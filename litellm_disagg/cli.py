@@ -6,6 +6,7 @@
     litellm-disagg workers [--registry-dir DIR] [--json]  list the workers discovery knows (a table; JSON lines)
     litellm-disagg role WORKER prefill|decode|both        move a --switchable worker to another pool, wait for it
     litellm-disagg top [--metrics-url URL] [--once]       a live view of the cluster (observability/top.py)
+    litellm-disagg profile --url URL --max-num-batched-tokens N   measure an engine profile (planner/profiler.py)
 """
 
 from __future__ import annotations
@@ -229,9 +230,10 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the worker to publish it (30)")
     add_registry_args(rc)
 
-    from litellm_disagg.planner.cli import add_planner_parser
+    from litellm_disagg.planner.cli import add_planner_parser, add_profile_parser
 
     add_planner_parser(sub)
+    add_profile_parser(sub)
 
     top = sub.add_parser("top", help="a live view of the cluster: pools, workers' load, the proxy's latencies")
     top.add_argument("--metrics-url", help="the proxy's Prometheus page (e.g. http://127.0.0.1:4000/metrics)")
@@ -265,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
         from litellm_disagg.planner.cli import run_planner
 
         return run_planner(args)
+    if args.command == "profile":
+        from litellm_disagg.planner.cli import run_profile
+
+        return run_profile(args)
     if args.command == "top":
         from litellm_disagg.observability.top import run_top
 

@@ -130,3 +130,71 @@ async def _run(args: argparse.Namespace, settings: Any, registry_settings: Any, 
         await loop.stop()
         await registry.close()
     return 0
+
+
+def add_profile_parser(sub: Any) -> None:
+    p = sub.add_parser("profile", help="measure a worker's engine profile (planner.engine_profile) through its API")
+    p.add_argument("--url", required=True, help="the worker's OpenAI API, e.g. http://127.0.0.1:8100 (with or "
+                                                "without /v1); it must be otherwise idle")
+    p.add_argument("--max-num-batched-tokens", type=int, required=True,
+                   help="the step budget the both workers run with (vLLM's --max-num-batched-tokens)")
+    p.add_argument("--model", help="the served model to profile (default: the worker's first)")
+    p.add_argument("--api-key", default=os.environ.get("LITELLM_DISAGG_WORKER_API_KEY"),
+                   help="the worker's API key, if it has one (default: $LITELLM_DISAGG_WORKER_API_KEY)")
+    p.add_argument("--batches", help="decode batch sizes, comma-separated (default 1,2,4,8,16)")
+    p.add_argument("--output-tokens", type=int, help="tokens per decode request (default 48)")
+    p.add_argument("--prompt-tokens", help="prompt lengths for the prefill rate, comma-separated (default: a "
+                                           "quarter and three quarters of the model's context, at most 8192)")
+    p.add_argument("--repeats", type=int, help="measurements per point; the median is kept (default 3)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
+    p.add_argument("--json", action="store_true", help="print the profile and the points as JSON")
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """``litellm-disagg profile``: the profile as the YAML block for ``proxy_config.yaml`` on stdout, the measured
+    points beside the fitted lines on stderr (``--json``: everything as one JSON object on stdout)."""
+    import dataclasses
+    import json
+    import sys
+
+    import httpx
+    from pydantic import ValidationError
+
+    from litellm_disagg.planner.profile_fit import ProfileFitError
+    from litellm_disagg.planner.profiler import (
+        ProfileError,
+        ProfileTarget,
+        measure_profile,
+        parse_sizes,
+        plan_from,
+        render_points,
+        render_yaml,
+    )
+
+    try:
+        plan = plan_from(args.max_num_batched_tokens,
+                         parse_sizes(args.batches) if args.batches else None, args.output_tokens,
+                         parse_sizes(args.prompt_tokens) if args.prompt_tokens else None, args.repeats)
+    except (ValueError, ValidationError) as exc:
+        print(f"litellm-disagg profile: bad arguments: {exc}", file=sys.stderr)
+        return 2
+    target = ProfileTarget.of(args.url, args.model, args.api_key)
+
+    async def measure() -> Any:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout)) as client:
+            return await measure_profile(client, target, plan)
+
+    try:
+        fit = asyncio.run(measure())
+    except (ProfileError, ProfileFitError, httpx.HTTPError) as exc:
+        print(f"litellm-disagg profile: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"engine_profile": fit.profile.model_dump(),
+                          "decode": dataclasses.asdict(fit.decode), "prefill": dataclasses.asdict(fit.prefill),
+                          "decode_points": [dataclasses.asdict(p) for p in fit.decode_points],
+                          "prefill_points": [dataclasses.asdict(p) for p in fit.prefill_points]}))
+    else:
+        sys.stderr.write(render_points(fit))
+        sys.stdout.write(render_yaml(fit))
+    return 0

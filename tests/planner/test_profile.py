@@ -1,0 +1,145 @@
+"""Measuring an engine profile (``planner.engine_profile``): the fit from measured points (``profile_fit.py``) and
+the measurement through a worker's OpenAI API (``profiler.py``, ``litellm-disagg profile``), here against a
+simulated worker whose step cost is known exactly (``sim/timing.py``). The real-vLLM run is
+``tests/test_vllm_profile.py``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from litellm_disagg.cli import main
+from litellm_disagg.planner.mixing import EngineProfile
+from litellm_disagg.planner.profile_fit import (
+    DecodePoint,
+    PrefillPoint,
+    ProfileFitError,
+    fit_profile,
+    least_squares,
+)
+from litellm_disagg.planner.profiler import (
+    ProfilePlan,
+    ProfileTarget,
+    default_prompt_tokens,
+    measure_profile,
+    parse_sizes,
+    render_yaml,
+)
+from litellm_disagg.planner.settings import PlannerSettings
+from litellm_disagg.runtime_config import WorkerRole
+from litellm_disagg.sim import SimWorker
+from litellm_disagg.sim.settings import EngineSettings, SimSettings, TimingSettings
+from litellm_disagg.sim.timing import StepWork, TimingModel
+
+
+def test_the_fit_recovers_a_profile_from_points_on_its_lines():
+    truth = EngineProfile(weight_read_ms=12.0, per_sequence_ms=0.25, prefill_tokens_per_s=8000.0,
+                          max_num_batched_tokens=1024)
+    decode = [DecodePoint(b, truth.step_ms(0, b)) for b in (1, 2, 4, 8, 16)]
+    # the prompt's time: a fixed 30 ms (round trip, first token) plus its tokens at the compute-bound rate
+    prefill = [PrefillPoint(n, 0.030 + n / 8000.0) for n in (512, 1536)]
+    fit = fit_profile(decode, prefill, 1024)
+    assert fit.profile.weight_read_ms == pytest.approx(12.0)
+    assert fit.profile.per_sequence_ms == pytest.approx(0.25)
+    assert fit.profile.prefill_tokens_per_s == pytest.approx(8000.0)
+    assert fit.profile.max_num_batched_tokens == 1024
+    assert fit.decode.r2 == pytest.approx(1.0) and fit.prefill.intercept == pytest.approx(0.030)
+    assert fit.predicted_step_ms(16) == pytest.approx(16.0)
+
+
+def test_noise_that_bends_the_slope_below_zero_is_no_per_sequence_cost():
+    fit = fit_profile([DecodePoint(1, 10.2), DecodePoint(8, 10.0)], [PrefillPoint(100, 0.1), PrefillPoint(300, 0.2)],
+                      512)
+    assert fit.profile.per_sequence_ms == 0.0 and fit.profile.weight_read_ms > 10.0
+
+
+@pytest.mark.parametrize(("decode", "prefill", "message"), [
+    ([DecodePoint(4, 10.0), DecodePoint(4, 11.0)], [PrefillPoint(100, 0.1), PrefillPoint(300, 0.2)], "distinct"),
+    ([DecodePoint(1, 10.0), DecodePoint(8, 10.5)], [PrefillPoint(100, 0.2), PrefillPoint(300, 0.2)], "prefix cache"),
+    ([DecodePoint(1, 1.0), DecodePoint(9, 20.0)], [PrefillPoint(100, 0.1), PrefillPoint(300, 0.2)], "fixed cost"),
+    ([DecodePoint(1, 10.0), DecodePoint(8, 0.0)], [PrefillPoint(100, 0.1), PrefillPoint(300, 0.2)], "positive"),
+])
+def test_points_that_describe_no_engine_are_refused(decode, prefill, message):
+    with pytest.raises(ProfileFitError, match=message):
+        fit_profile(decode, prefill, 512)
+
+
+def test_least_squares_and_the_plan_parsing():
+    line = least_squares([1.0, 2.0, 3.0], [2.0, 4.0, 6.5])
+    assert line.slope == pytest.approx(2.25) and 0.98 < line.r2 < 1.0
+    assert parse_sizes("1, 2,4") == (1, 2, 4)
+    with pytest.raises(ValueError):
+        parse_sizes("1,x")
+    assert default_prompt_tokens(2048) == (512, 1536) and default_prompt_tokens(32768) == (2048, 6144)
+    assert default_prompt_tokens(None) == (512, 1536)
+    assert ProfileTarget.of("http://h:1/").base_url == "http://h:1/v1"
+    assert ProfileTarget.of("http://h:1/v1").base_url == "http://h:1/v1"
+    with pytest.raises(ValueError):
+        ProfilePlan(max_num_batched_tokens=512, prompt_tokens=(100,))  # one length gives no rate
+
+
+def test_the_yaml_block_is_what_the_planner_settings_take():
+    profile = EngineProfile(weight_read_ms=12.0, per_sequence_ms=0.25, prefill_tokens_per_s=8000.0,
+                            max_num_batched_tokens=1024)
+    fit = fit_profile([DecodePoint(b, profile.step_ms(0, b)) for b in (1, 8)],
+                      [PrefillPoint(n, n / 8000.0) for n in (100, 900)], 1024)
+    import yaml
+
+    settings = PlannerSettings.model_validate(yaml.safe_load(render_yaml(fit)))
+    assert settings.engine_profile == fit.profile.model_copy(update={
+        "weight_read_ms": round(fit.profile.weight_read_ms, 4),
+        "per_sequence_ms": round(fit.profile.per_sequence_ms, 4),
+        "prefill_tokens_per_s": round(fit.profile.prefill_tokens_per_s, 4)})
+
+
+TIMING = TimingSettings()  # a 20 ms decode step at batch 1, 20,000 prompt tokens/s: real time, no speed-up
+ENGINE = EngineSettings(max_model_len=8192, num_gpu_blocks=4096, max_num_batched_tokens=2048)
+
+
+@pytest.fixture(scope="module")
+async def sim_worker():
+    worker = SimWorker("profile-0", WorkerRole.BOTH, SimSettings(engine=ENGINE, timing=TIMING))
+    await worker.start()
+    yield worker
+    await worker.stop()
+
+
+async def test_measured_on_a_simulated_worker_the_profile_is_its_step_cost(sim_worker):
+    """The simulated engine's step cost is known (``sim/timing.py``); measured through HTTP, with the engine's
+    scheduler and streaming in between, the profile comes out near it. The bounds are wide (a busy machine only
+    lengthens steps); a profiler that measured the wrong thing (the first token's time, the prompt's time with the
+    round trip, a prefix-cache hit) falls outside them."""
+    model = TimingModel(TIMING)
+    plan = ProfilePlan(max_num_batched_tokens=2048, batches=(1, 4, 16), output_tokens=24, repeats=1)
+    async with httpx.AsyncClient(timeout=60) as client:
+        fit = await measure_profile(client, ProfileTarget.of(sim_worker.base_url), plan)
+    weight_ms = model.weight_read_s * 1000
+    assert 0.8 * weight_ms < fit.profile.weight_read_ms < 1.6 * weight_ms
+    at_16 = model.step_time(StepWork(decode_seqs=16)) * 1000
+    assert 0.8 * at_16 < fit.predicted_step_ms(16) < 1.6 * at_16
+    assert 0.5 * TIMING.prefill_tokens_per_s < fit.profile.prefill_tokens_per_s < 1.3 * TIMING.prefill_tokens_per_s
+    assert [p.batch for p in fit.decode_points] == [1, 4, 16]
+    # the default prompt lengths: a quarter and three quarters of the model's context, as the engine counted them
+    assert [round(p.prompt_tokens / 100) for p in fit.prefill_points] == [20, 61]
+
+
+async def test_the_command_prints_the_profile_and_fails_cleanly(sim_worker, capsys):
+    argv = ["profile", "--url", sim_worker.base_url, "--max-num-batched-tokens", "2048", "--batches", "1,8",
+            "--output-tokens", "8", "--prompt-tokens", "1024,3072", "--repeats", "1", "--json"]
+    assert await asyncio.to_thread(main, argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    profile = EngineProfile.model_validate(out["engine_profile"])
+    assert profile.max_num_batched_tokens == 2048 and profile.weight_read_ms > 0
+    assert [p["batch"] for p in out["decode_points"]] == [1, 8]
+    # an unknown model: the worker's 404, said plainly, exit status 1
+    bad = ["profile", "--url", sim_worker.base_url, "--max-num-batched-tokens", "2048", "--model", "nope",
+           "--batches", "1,2", "--repeats", "1"]
+    assert await asyncio.to_thread(main, bad) == 1
+    assert "404" in capsys.readouterr().err
+    # bad arguments: exit status 2, nothing sent
+    assert await asyncio.to_thread(main, ["profile", "--url", "http://127.0.0.1:9", "--max-num-batched-tokens",
+                                          "2048", "--batches", "4"]) == 2
+    assert "bad arguments" in capsys.readouterr().err
