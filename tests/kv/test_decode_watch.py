@@ -155,7 +155,7 @@ async def test_the_kv_router_feeds_the_path_the_request_took(local: bool) -> Non
     router.decode_watch.chunk("cold")
     router.decode_watch.ended("cold")
     router.observe(plan, None if local else "p", None if local else 0.8, call_id="call-1")
-    router.observe(plan, None, None)  # no call id (a caller that does not know it): nothing awaited
+    router.observe(plan, None if local else "p", None)  # no call id (a caller that does not know it): nothing awaited
     clock.now += 1.6
     router.decode_watch.chunk("call-1")
     estimates = router.decider.estimates()
@@ -208,3 +208,24 @@ def test_a_decider_with_measured_stall_prices_local_prefill_by_it() -> None:
     assert fed.estimates().decode_time_weight == pytest.approx(weight)
     assert not fed.decide(held).remote
     assert off.decode_time_weight() == (1.0, False) and off.decide(held).remote
+
+
+async def test_the_kv_router_tells_the_decider_which_path_each_priced_request_took() -> None:
+    """Requests sent one way in a row age the other way's lines (``DisaggDecider.dispatched``); an unpriced plan
+    (not splittable: no decision inputs) is not counted."""
+    router = KVRouter(KVRoutingSettings.model_validate({"enabled": True}), clock=_Clock())
+    decode = worker("d", role=WorkerRole.DECODE)
+    priced = RoutePlan(decode, (), "local", "local", decision_inputs=DisaggInputs(prompt_tokens=790))
+    router.decider.observe_first_token(local=True, tokens=790, seconds=0.5)
+    fitted = router.decider.estimates().local
+    for _ in range(3):
+        router.observe(priced, "p", 0.08)
+    router.observe(RoutePlan(decode, (), "not splittable", "not splittable"), "p", None)
+    streak = router.decider.estimates().streak
+    assert streak is not None and (streak.remote, streak.requests) == (True, 3)
+    assert router.decider.estimates().local != fitted  # three remote requests: the local line moved toward its prior
+    router.observe(priced, None, None)
+    streak = router.decider.estimates().streak
+    assert streak is not None and (streak.remote, streak.requests) == (False, 1)
+    assert router.decider.estimates().local == fitted
+    await router.stop()

@@ -303,3 +303,90 @@ def test_one_size_fit_can_keep_the_prior_rate() -> None:
     fast = OnlineLinearFit(prior, halflife_observations=50, one_size="overhead")
     fast.observe(100, 0.05)  # faster than the prior rate: no overhead, the rate through the observations
     assert fast.estimate() == LinearEstimate(overhead_s=0.0, tokens_per_s=pytest.approx(2000.0))
+
+
+# -- a path priced on a few slow observations is tried again (issue 13 item 2) ----------------------------------------
+
+# The decode worker holds most of the prompt: at the priors it stays local (local ~35 ms against remote ~85 ms).
+_HELD = DisaggInputs(prompt_tokens=600, decode_cached_tokens=512, decode_running=2)
+
+
+def _serve(d: DisaggDecider, requests: int, *, local_s: float, remote_s: float = 0.07, tail_s: float = 0.012) -> list[bool]:
+    """``requests`` requests of ``_HELD``, each decided, sent (``dispatched``) and observed on the path it took, as
+    the router and the decode watch do; the workers take ``local_s`` to prefill locally, ``remote_s`` + ``tail_s``
+    remotely. Returns the choices (True: remote)."""
+    choices = []
+    for _ in range(requests):
+        remote = d.decide(_HELD).remote
+        d.dispatched(local=not remote)
+        if remote:
+            d.observe_prefill(600, remote_s)
+            d.observe_first_token(local=False, tokens=88, seconds=tail_s)
+        else:
+            d.observe_first_token(local=True, tokens=88, seconds=local_s)
+        choices.append(remote)
+    return choices
+
+
+def _slow_start(**settings: object) -> DisaggDecider:
+    """Three slow local prefills first (a cold start, a busy machine): local looks 0.2 s, so the next goes remote."""
+    d = decider(**settings)
+    assert not d.decide(_HELD).remote
+    for _ in range(3):
+        d.dispatched(local=True)
+        d.observe_first_token(local=True, tokens=88, seconds=0.2)
+    assert d.decide(_HELD).remote
+    return d
+
+
+def test_a_local_path_priced_on_slow_early_prefills_is_tried_again_and_recovers() -> None:
+    """Only local requests measure local prefill: priced on three slow ones, every later request went remote and
+    nothing corrected the price within ``estimate_ttl_s`` (the P/D simulator's 98%-remote run). While requests keep
+    going remote the local line moves back toward its prior; one goes local, is measured fast, and outweighs the stale
+    ones: most requests are local again."""
+    d = _slow_start()
+    choices = _serve(d, 400, local_s=0.03)
+    first_local = choices.index(False)
+    assert first_local <= 100
+    assert choices[-100:].count(False) >= 95
+    assert d.estimates().local_observations > 3
+
+
+def test_without_aging_a_slowly_priced_path_is_never_tried_again() -> None:
+    """The trap itself, kept by ``unobserved_halflife_requests: null`` (the TTL alone, which never fires here)."""
+    d = _slow_start(unobserved_halflife_requests=None)
+    assert all(_serve(d, 400, local_s=0.03))
+
+
+def test_a_path_that_really_is_slower_is_only_probed_rarely() -> None:
+    """Local prefill really costs 0.2 s here: it is tried again, in a bounded share of requests that shrinks with the
+    price gap, and each try puts its price back up."""
+    d = _slow_start()
+    choices = _serve(d, 1000, local_s=0.2)
+    probes = choices.count(False)
+    assert 1 <= probes <= 1000 // 32
+    remote, local = d.costs(_HELD)
+    assert remote < local
+
+
+def test_aging_is_counted_in_requests_sent_the_other_way_and_fades_old_evidence() -> None:
+    d = decider(unobserved_halflife_requests=10, halflife_observations=1e12)  # no forgetting by count: weights 1
+    for _ in range(3):
+        d.observe_first_token(local=True, tokens=88, seconds=0.2)
+    fitted = d.estimates().local
+    assert fitted is not None
+    for _ in range(10):
+        d.dispatched(local=False)
+    prior = d._local_prior(d.prefill.estimate())
+    halfway = d.estimates().local
+    assert halfway is not None
+    assert halfway.seconds(88) == pytest.approx((fitted.seconds(88) + prior.seconds(88)) / 2)
+    d.decide(_HELD)
+    d.costs(_HELD)
+    assert d.estimates().local == halfway  # pricing is not sending: nothing ages
+    d.dispatched(local=True)  # sent local: its line is the fit again until measured ...
+    assert d.estimates().local == fitted
+    d.observe_first_token(local=True, tokens=88, seconds=0.03)  # ... and the fresh measurement weighs 1 against 1.5
+    line = d.estimates().local
+    assert line is not None
+    assert line.seconds(88) == pytest.approx((1.5 * 0.2 + 1.0 * 0.03) / 2.5)

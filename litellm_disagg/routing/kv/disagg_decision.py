@@ -58,6 +58,19 @@ every request local, and so unobserved, for good (seen: after a prefill worker's
 prior, which sends the next long prompt remote and measures again: at most one probe per ``estimate_ttl_s`` while
 local prefill really is cheaper. The first-token lines expire the same way. The stall fit does not expire.
 
+Aging, in requests (``unobserved_halflife_requests``, ``dispatched``): the TTL lets a stale line rule for its whole
+length, 480 requests at 8 per second. Slow local prefills early in a P/D simulator run priced local's overhead at
+81 ms (31-32 ms in every other run) and 98% of that run's requests went remote: no local request measured it again
+before the run's end (docs/benchmarks.md, "P/D on the fixed simulator"). So the router reports each priced request's path, and while requests go one way in a
+row the other way's fitted lines move toward their priors (local: its first-token line; remote: the prefill,
+transfer and remote-tail lines), halfway every ``unobserved_halflife_requests`` of them. Once the aged price wins, one
+request takes that path; its old observations are faded by the weight they had come to, so its measurement corrects
+them as much as the price had discounted them. A path that really is slower is tried again after about
+``halflife x log2((its fitted price - its prior price) / (other path's price - its prior price))`` requests: rarely
+when it loses by far, more often in a near tie, where a wrong try costs little. The priors are where aging leads, so
+they should not price a path above what it costs (the local prior has no overhead). ``decide`` and ``costs`` change
+nothing.
+
 Overrides: ``mode: always`` / ``never``; in ``auto``, ``min_remote_prefill_tokens`` (when set) replaces the cost
 model by a plain threshold on the tokens the decode worker lacks.
 """
@@ -137,6 +150,18 @@ class OnlineLinearFit:
         self._xy = self._xy * keep + added * tokens * seconds
         self.observations += 1
 
+    def fade(self, factor: float) -> None:
+        """Weigh every observation so far ``factor`` (0 to 1) times as much against the next ones; the line itself
+        does not change until the next observation."""
+        factor = min(1.0, max(0.0, factor))
+        self._w *= factor
+        self._x *= factor
+        self._y *= factor
+        self._xx *= factor
+        self._xy *= factor
+        if self._w <= 0.0:
+            self.reset()
+
     def reset(self) -> None:
         """Forget every observation: the prior again."""
         self.observations = 0
@@ -171,6 +196,27 @@ class OnlineLinearFit:
         return LinearEstimate(overhead_s=intercept, tokens_per_s=1.0 / slope)
 
 
+def toward(prior: LinearEstimate, line: LinearEstimate, weight: float) -> LinearEstimate:
+    """``line`` where ``weight`` is 1, ``prior`` where it is 0, in between linearly (in overhead and in seconds per
+    token, so in the seconds of any size)."""
+    if weight >= 1.0 or line == prior:
+        return line
+    weight = max(0.0, weight)
+    per_token = 1.0 / prior.tokens_per_s + weight * (1.0 / line.tokens_per_s - 1.0 / prior.tokens_per_s)
+    return LinearEstimate(
+        overhead_s=prior.overhead_s + weight * (line.overhead_s - prior.overhead_s),
+        tokens_per_s=1.0 / max(per_token, _MIN_SECONDS_PER_TOKEN),
+    )
+
+
+@dataclass(slots=True)
+class PathStreak:
+    """The requests sent the same way in a row, up to the latest (``dispatched``)."""
+
+    remote: bool
+    requests: int
+
+
 @dataclass(frozen=True)
 class DisaggEstimates:
     """The decider's current lines, and how many observations (calls) each rests on (0: still the prior)."""
@@ -188,6 +234,8 @@ class DisaggEstimates:
     decode_time_weight: float | None = None
     """The stall charge's weight in use: fitted from inter-token gaps (``stall_fit.py``) or the configured prior."""
     decode_time_weight_fitted: bool = False
+    streak: PathStreak | None = None
+    """The latest requests sent one way in a row: the other way's lines are aged by them (the module's docstring)."""
 
 
 @dataclass(frozen=True)
@@ -244,6 +292,36 @@ class DisaggDecider:
         """After a remote prefill's response, its decode worker's time to first token, on the tokens it pulled."""
         self.stall = StallFit(halflife_gaps=settings.stall_halflife_gaps, min_gaps=settings.stall_min_gaps)
         """Inter-token gaps with and without a local prefill on the worker: ``decode_time_weight`` measured."""
+        self._streak: PathStreak | None = None
+
+    # -- requests sent (the router, once a request's path is final) ---------------------------------------------------
+
+    def dispatched(self, *, local: bool) -> None:
+        """A request was sent on its path: local (prefilled on its decode worker) or remote. Requests sent one way in
+        a row age the other way's lines (``evidence_weight``); when that way is taken again, its old observations
+        are faded by the weight they had come to, so its next observation corrects them as much as the price had
+        already discounted them."""
+        remote = not local
+        streak = self._streak
+        if streak is not None and streak.remote is remote:
+            streak.requests += 1
+            return
+        weight = self.evidence_weight(remote=remote)
+        if weight < 1.0:
+            for fit in self._path_fits(remote=remote):
+                fit.fade(weight)
+        self._streak = PathStreak(remote=remote, requests=1)
+
+    def evidence_weight(self, *, remote: bool) -> float:
+        """How much a path's fitted lines count against their priors: 1, halved every
+        ``unobserved_halflife_requests`` requests sent the other way in a row."""
+        halflife, streak = self.settings.unobserved_halflife_requests, self._streak
+        if halflife is None or streak is None or streak.remote is remote:
+            return 1.0
+        return 0.5 ** (streak.requests / halflife)
+
+    def _path_fits(self, *, remote: bool) -> tuple[OnlineLinearFit, ...]:
+        return (self.prefill, self.transfer, self.remote_tail) if remote else (self.local,)
 
     # -- observations (the orchestrator, after each prefill / transfer) -----------------------------------------------
 
@@ -318,9 +396,10 @@ class DisaggDecider:
         )
 
     def estimates(self) -> DisaggEstimates:
-        self._expire()
-        prefill, transfer = self.prefill.estimate(), self.transfer.estimate()
+        """The lines in use: fitted, aged toward their priors by requests sent the other way (``evidence_weight``)."""
+        prefill, transfer, local, remote_tail = self._lines_in_use()
         weight, fitted = self.decode_time_weight()
+        streak = self._streak
         return DisaggEstimates(
             decode_time_weight=weight,
             decode_time_weight_fitted=fitted,
@@ -328,11 +407,26 @@ class DisaggDecider:
             transfer=transfer,
             prefill_observations=self.prefill.observations,
             transfer_observations=self.transfer.observations,
-            local=self.local.estimate(self._local_prior(prefill)),
-            remote_tail=self.remote_tail.estimate(transfer),
+            local=local,
+            remote_tail=remote_tail,
             local_observations=self.local.observations,
             remote_tail_observations=self.remote_tail.observations,
+            streak=None if streak is None else PathStreak(streak.remote, streak.requests),
         )
+
+    def _lines_in_use(self) -> tuple[LinearEstimate, LinearEstimate, LinearEstimate, LinearEstimate]:
+        """``(prefill, transfer, local, remote_tail)``: each fitted line moved toward its prior by its path's
+        ``evidence_weight`` (the remote tail, fitted on the transfer line, toward the transfer prior; the local line toward
+        the prefill line's rate)."""
+        self._expire()
+        remote_w, local_w = self.evidence_weight(remote=True), self.evidence_weight(remote=False)
+        fitted_transfer = self.transfer.estimate()
+        prefill = toward(self.prefill.prior, self.prefill.estimate(), remote_w)
+        transfer = toward(self.transfer.prior, fitted_transfer, remote_w)
+        remote_tail = toward(self.transfer.prior, self.remote_tail.estimate(fitted_transfer), remote_w)
+        local_prior = self._local_prior(prefill)
+        local = toward(local_prior, self.local.estimate(local_prior), local_w)
+        return prefill, transfer, local, remote_tail
 
     def _local_prior(self, prefill: LinearEstimate) -> LinearEstimate:
         """Until local prefills are observed: the prefill line's rate at ``local_prefill_speed``, no overhead."""
@@ -370,14 +464,12 @@ class DisaggDecider:
 
     def costs(self, inputs: DisaggInputs) -> tuple[float, float]:
         """``(remote, local)`` costs in seconds, as in the module's docstring."""
-        self._expire()
-        prefill = self.prefill.estimate()
-        transfer = self.transfer.estimate()
+        prefill, transfer, local_line, remote_tail = self._lines_in_use()
         lacking_remote = max(0, inputs.prompt_tokens - inputs.prefill_cached_tokens)
         lacking_local = max(0, inputs.prompt_tokens - inputs.decode_cached_tokens)
         remote = inputs.prefill_queued_tokens / prefill.tokens_per_s + prefill.seconds(lacking_remote)
         if self.remote_tail.observations:  # measured: the pull and the first step on the decode worker
-            remote += self.remote_tail.estimate(transfer).seconds(lacking_local)
+            remote += remote_tail.seconds(lacking_local)
         elif lacking_local > 0:
             remote += transfer.seconds(lacking_local)
         stall_per_second = self.decode_time_weight()[0] * (1.0 + max(0.0, inputs.decode_running))
@@ -386,6 +478,5 @@ class DisaggDecider:
         local_rate = prefill.tokens_per_s * self.settings.local_prefill_speed
         local_compute = lacking_local / local_rate
         # The request's own wait: measured once local prefills are observed (``local``), else compute alone.
-        local_line = self.local.estimate(self._local_prior(prefill))
         local = local_line.seconds(inputs.decode_queued_tokens + lacking_local) + stall_per_second * local_compute
         return remote, local

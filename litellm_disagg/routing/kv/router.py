@@ -7,7 +7,8 @@ nothing itself::
     prompt()     tokens -> chained block hashes                    (async: may tokenize in a thread / HTTP)
     context()    cached tokens per candidate (one index query per block size) + load snapshots  (no state change)
     decide()     remote or local prefill (DisaggDecider)                                         (no state change)
-    observe()    record a plan: predicted / approximate index entries; the remote prefill's measured time
+    observe()    record a plan: predicted / approximate index entries; the remote prefill's measured time; the path
+                 it took (``DisaggDecider.dispatched``: requests one way in a row age the other way's lines)
     decider      DisaggDecider; observe_transfers is fed from the scraped NIXL counters
     decode_watch each request's decode worker timed from the proxy (``decode_watch.py``): the controller reports
                  streamed chunks; first tokens feed the decider's local and remote-tail lines, gaps its stall fit
@@ -257,7 +258,10 @@ class KVRouter:
     ) -> None:
         """Where the prompt's blocks now live (until events confirm it), and what the remote prefill cost; with
         ``call_id``, its stream is timed (``decode_watch``) for the path it took."""
-        if call_id is not None and (inputs := plan.decision_inputs) is not None and inputs.prompt_tokens:
+        inputs = plan.decision_inputs
+        if inputs is not None:  # a priced request, sent: the other path's lines age (``DisaggDecider.dispatched``)
+            self.decider.dispatched(local=prefill_worker_id is None)
+        if call_id is not None and inputs is not None and inputs.prompt_tokens:
             self.decode_watch.dispatched(
                 call_id,
                 local=prefill_worker_id is None,
