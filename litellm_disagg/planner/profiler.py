@@ -56,7 +56,9 @@ class ProfilePlan(BaseModel):
     context (``max_model_len`` from ``/v1/models``), at most 8,192 tokens."""
     repeats: Annotated[int, Field(ge=1)] = 3
     decode_prompt_words: Annotated[int, Field(ge=1)] = 8
-    seed: int = 0
+    seed: int | None = None
+    """The prompts' random words (None: fresh ones every run, so a second run on the same worker meets no prefix
+    the first one left in its cache)."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def _check(r: httpx.Response) -> None:
 class _Words:
     """Random lowercase words: every prompt is new to the engine's prefix cache."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int | None) -> None:
         self._rng = random.Random(seed)
 
     def text(self, words: int) -> str:
