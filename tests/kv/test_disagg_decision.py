@@ -311,7 +311,9 @@ def test_one_size_fit_can_keep_the_prior_rate() -> None:
 _HELD = DisaggInputs(prompt_tokens=600, decode_cached_tokens=512, decode_running=2)
 
 
-def _serve(d: DisaggDecider, requests: int, *, local_s: float, remote_s: float = 0.07, tail_s: float = 0.012) -> list[bool]:
+def _serve(
+    d: DisaggDecider, requests: int, *, local_s: float, remote_s: float = 0.07, tail_s: float = 0.012
+) -> list[bool]:
     """``requests`` requests of ``_HELD``, each decided, sent (``dispatched``) and observed on the path it took, as
     the router and the decode watch do; the workers take ``local_s`` to prefill locally, ``remote_s`` + ``tail_s``
     remotely. Returns the choices (True: remote)."""
@@ -390,3 +392,22 @@ def test_aging_is_counted_in_requests_sent_the_other_way_and_fades_old_evidence(
     line = d.estimates().local
     assert line is not None
     assert line.seconds(88) == pytest.approx((1.5 * 0.2 + 1.0 * 0.03) / 2.5)
+
+
+def test_aging_only_lowers_a_price() -> None:
+    """A line measured cheaper than its prior keeps its measurement however long its path goes unused; a line dearer
+    in one part only (here its overhead) moves in that part."""
+    d = decider(unobserved_halflife_requests=10)
+    for tokens in (1000, 2000, 3000):  # 5 ms + 50k tokens/s: cheaper than the prior (20 ms, 10k tokens/s)
+        d.observe_prefill(tokens, 0.005 + tokens / 50_000)
+    fast = d.estimates().prefill
+    for tokens in (1000, 2000, 3000):  # 50 ms + 400k tokens/s: dearer overhead, cheaper rate than the prior
+        d.observe_transfer(tokens, 0.05 + tokens / 400_000)
+    transfer = d.estimates().transfer
+    for _ in range(100):
+        d.dispatched(local=True)
+    assert d.evidence_weight(remote=True) == pytest.approx(0.5**10)
+    assert d.estimates().prefill == fast
+    aged = d.estimates().transfer
+    assert aged.tokens_per_s == pytest.approx(transfer.tokens_per_s)
+    assert aged.overhead_s == pytest.approx(0.005 + 0.5**10 * (transfer.overhead_s - 0.005))

@@ -59,16 +59,17 @@ prior, which sends the next long prompt remote and measures again: at most one p
 local prefill really is cheaper. The first-token lines expire the same way. The stall fit does not expire.
 
 Aging, in requests (``unobserved_halflife_requests``, ``dispatched``): the TTL lets a stale line rule for its whole
-length, 480 requests at 8 per second. Slow local prefills early in a P/D simulator run priced local's overhead at
-81 ms (31-32 ms in every other run) and 98% of that run's requests went remote: no local request measured it again
-before the run's end (docs/benchmarks.md, "P/D on the fixed simulator"). So the router reports each priced request's path, and while requests go one way in a
-row the other way's fitted lines move toward their priors (local: its first-token line; remote: the prefill,
-transfer and remote-tail lines), halfway every ``unobserved_halflife_requests`` of them. Once the aged price wins, one
-request takes that path; its old observations are faded by the weight they had come to, so its measurement corrects
-them as much as the price had discounted them. A path that really is slower is tried again after about
-``halflife x log2((its fitted price - its prior price) / (other path's price - its prior price))`` requests: rarely
-when it loses by far, more often in a near tie, where a wrong try costs little. The priors are where aging leads, so
-they should not price a path above what it costs (the local prior has no overhead). ``decide`` and ``costs`` change
+length, 480 requests at 8 per second. Slow local prefills early in a P/D simulator run priced local's overhead at 81 ms
+(31-32 ms in every other run) and 98% of that run's requests went remote: no local request measured it again before the
+run's end (docs/benchmarks.md, "P/D on the fixed simulator"). So the router reports each priced request's path, and
+while requests go one way in a row the other way's fitted lines move toward their priors where those are cheaper (local:
+its first-token line; remote: the prefill, transfer and remote-tail lines), halfway every
+``unobserved_halflife_requests`` of them: aging only lowers a price, to try a path again, never raises one that was
+measured cheap. Once the aged price wins, one request takes that path; its old observations are faded by the weight they
+had come to, so its measurement corrects them as much as the price had discounted them. A path that really is slower is
+tried again after about ``halflife x log2((its fitted price - its prior price) / (other path's price - its prior
+price))`` requests: rarely when it loses by far, more often in a near tie, where a wrong try costs little. A path that
+loses even at its prior's price is not tried again by aging (its TTL still resets it). ``decide`` and ``costs`` change
 nothing.
 
 Overrides: ``mode: always`` / ``never``; in ``auto``, ``min_remote_prefill_tokens`` (when set) replaces the cost
@@ -197,14 +198,16 @@ class OnlineLinearFit:
 
 
 def toward(prior: LinearEstimate, line: LinearEstimate, weight: float) -> LinearEstimate:
-    """``line`` where ``weight`` is 1, ``prior`` where it is 0, in between linearly (in overhead and in seconds per
-    token, so in the seconds of any size)."""
+    """``line`` where ``weight`` is 1, ``prior`` where it is 0 and cheaper: the overhead and the seconds per token
+    each move linearly toward the prior's where the prior's is lower, else stay the line's. Aging only ever lowers a
+    price: it is there to try a path again, not to doubt one whose measurements say it is cheap."""
     if weight >= 1.0 or line == prior:
         return line
     weight = max(0.0, weight)
-    per_token = 1.0 / prior.tokens_per_s + weight * (1.0 / line.tokens_per_s - 1.0 / prior.tokens_per_s)
+    line_per_token, prior_per_token = 1.0 / line.tokens_per_s, 1.0 / prior.tokens_per_s
+    per_token = min(line_per_token, prior_per_token + weight * (line_per_token - prior_per_token))
     return LinearEstimate(
-        overhead_s=prior.overhead_s + weight * (line.overhead_s - prior.overhead_s),
+        overhead_s=min(line.overhead_s, prior.overhead_s + weight * (line.overhead_s - prior.overhead_s)),
         tokens_per_s=1.0 / max(per_token, _MIN_SECONDS_PER_TOKEN),
     )
 
@@ -415,9 +418,9 @@ class DisaggDecider:
         )
 
     def _lines_in_use(self) -> tuple[LinearEstimate, LinearEstimate, LinearEstimate, LinearEstimate]:
-        """``(prefill, transfer, local, remote_tail)``: each fitted line moved toward its prior by its path's
-        ``evidence_weight`` (the remote tail, fitted on the transfer line, toward the transfer prior; the local line toward
-        the prefill line's rate)."""
+        """``(prefill, transfer, local, remote_tail)``: each fitted line moved toward its prior (where cheaper) by its
+        path's ``evidence_weight`` (the remote tail, fitted on the transfer line, toward the transfer prior; the local
+        line toward the prefill line's rate)."""
         self._expire()
         remote_w, local_w = self.evidence_weight(remote=True), self.evidence_weight(remote=False)
         fitted_transfer = self.transfer.estimate()

@@ -119,11 +119,12 @@ class DisaggDecisionSettings(_Strict):
     Observations come only from remote prefills, so a line that once looked slow (a cold engine's first request, a
     first NIXL handshake) would otherwise keep every request local, and so unobserved, for good."""
     unobserved_halflife_requests: Positive | None = 32.0
-    """While requests keep taking the other path, a path's fitted lines move halfway back to their priors every this
-    many requests (local: its first-token line; remote: the prefill, transfer and remote-tail lines), and their old
-    observations weigh that much less against the path's next one. A path priced on a few slow observations (a cold
-    start, a busy moment) is tried again, sooner the closer it is to winning, and a fast observation then corrects
-    it; ``estimate_ttl_s`` alone let it rule for its whole length. None: off (the TTL alone)."""
+    """While requests keep taking the other path, a path's fitted lines move halfway back to their priors (where those
+    are cheaper) every this many requests (local: its first-token line; remote: the prefill, transfer and remote-tail
+    lines), and their old observations weigh that much less against the path's next one. A path priced on a few slow
+    observations (a cold start, a busy moment) is tried again, sooner the closer it is to winning, and a fast
+    observation then corrects it; ``estimate_ttl_s`` alone let it rule for its whole length. None: off (the TTL
+    alone)."""
     decode_time_weight: NonNegative = 1.0
     """Cost of one second the decode worker spends prefilling, on top of the request's own wait, per request it
     delays (the request's decode slot counts as one, plus each running request): time taken from decoding. With
