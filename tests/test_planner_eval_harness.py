@@ -186,3 +186,32 @@ def test_with_an_engine_profile_the_planner_leaves_a_failing_split_for_aggregate
     without, both_without, _ = run(False)
     assert both_without < 8
     assert attained >= 0.9 > without
+
+
+def test_with_an_engine_profile_all_both_workers_go_straight_to_the_split_the_load_needs():
+    # prompt-heavy at 20 req/s on 8 workers with vLLM's default 2,048-token budget: every worker as ``both`` misses
+    # the ITL SLO (each 2,048-token chunk is a ~100 ms step), 6P2D holds it (23.5-24.5 req/s). Started all ``both``,
+    # the planner without a profile splits one worker per settling window and misses the SLOs for most of the run;
+    # with the profile it sizes the split and moves there in a few steps (``disaggregation_pays``).
+    from bench.planner_eval.arms import planner_settings
+    from bench.planner_eval.profile import profile_engine
+    from litellm_disagg.planner.policy import Condition
+    from litellm_disagg.sim.settings import EngineSettings, TimingSettings
+
+    engine = EngineSettings()
+    arrivals = schedule([Segment("prompt-heavy", 20.0, 60.0)], seed=0)
+    target = slo.Slo()
+
+    def run(with_profile: bool) -> tuple[float, int, int]:
+        profile = profile_engine(TimingSettings(), engine) if with_profile else None
+        policy = PlannerPolicy(planner_settings(target, False, profile), start=(0, 0, 8))
+        result = Cluster(ClusterConfig(workers=8, engine=engine), policy).run(arrivals)
+        sized = [step.now for step in policy.steps for m in step.moves if m.condition is Condition.DISAGGREGATION_PAYS]
+        return (slo.attainment(target, (r for r in result.requests if r.arrival >= 20.0)), len(sized),
+                int(max(sized) - min(sized)) if sized else -1)
+
+    attained, moves, spread_s = run(True)
+    assert moves >= 6 and spread_s <= 6  # the split reached in three or four steps, not one worker a window
+    without, moves_without, _ = run(False)
+    assert moves_without == 0
+    assert attained >= 0.9 > without

@@ -2,6 +2,7 @@
 model's prompts into their decode steps, estimated from an engine profile. Pure; no I/O.
 
     aggregated_estimate(profile, workers, prompt_tokens_per_s, output_tokens_per_s) -> MixedEstimate
+    sized_split(profile, workers, prompt_tokens_per_s, output_tokens_per_s, ...) -> SplitEstimate | None
 
 The planner's other signals describe the layout that serves now; they cannot say whether a layout of the other
 family would hold the SLOs (a split's signals say nothing of what a mixed step costs). This estimate is the piece
@@ -103,3 +104,63 @@ def aggregated_estimate(profile: EngineProfile, workers: int, prompt_tokens_per_
             break
         itl = 0.5 * (itl + new)  # damped: the batch grows with the latency it causes
     return MixedEstimate(itl, busy, batch)
+
+
+@dataclass(frozen=True)
+class SplitEstimate:
+    """A split of the model's workers into ``prefill`` and ``decode`` workers at the given load."""
+
+    prefill: int
+    decode: int
+    prefill_busy: float
+    """Share of a prefill worker's time computing prompts in full-budget chunks (>= 1: its queue grows without
+    bound)."""
+    itl_ms: float | None
+    """A decode worker's step at the batch its share of the output rate keeps (Little's law); None: it cannot keep
+    up (the step grows faster than the batch it serves)."""
+
+    def holds(self, itl_target_ms: float, itl_margin: float, busy_max: float) -> bool:
+        return (self.itl_ms is not None and self.itl_ms <= itl_margin * itl_target_ms
+                and self.prefill_busy <= busy_max)
+
+
+def split_estimate(profile: EngineProfile, prefill: int, decode: int, prompt_tokens_per_s: float,
+                   output_tokens_per_s: float) -> SplitEstimate:
+    """``prefill`` workers computing every prompt in full-budget chunks (no decode in their steps), ``decode`` workers
+    decoding every output token (no prompt in theirs): the load spread evenly on each side. A decode step is
+    ``weight_read + batch x per_sequence`` with ``batch = outputs / decode x itl``, so ``itl = weight_read / (1 -
+    per_sequence x outputs / decode)``. The transfer between them is left out (the policy's ``transfer_costly``
+    watches it)."""
+    budget = profile.max_num_batched_tokens
+    prompts = max(0.0, prompt_tokens_per_s)
+    busy = math.inf if prefill < 1 and prompts > 0 else (
+        0.0 if prompts == 0 else prompts / prefill / budget * profile.step_ms(budget, 0) / 1000.0)
+    if decode < 1:
+        return SplitEstimate(prefill, decode, busy, None)
+    outputs = max(0.0, output_tokens_per_s) / decode
+    room = 1.0 - profile.per_sequence_ms * outputs / 1000.0
+    itl = profile.weight_read_ms / room if room > 0 else None
+    return SplitEstimate(prefill, decode, busy, itl)
+
+
+def sized_split(profile: EngineProfile, workers: int, prompt_tokens_per_s: float, output_tokens_per_s: float, *,
+                itl_target_ms: float, itl_margin: float, busy_max: float,
+                min_decode: int = 2) -> SplitEstimate | None:
+    """The split of ``workers`` with the most room on its tighter side: of the splits that keep the prefill workers'
+    prompt chunks under ``busy_max`` of their time and the decode workers' ITL under ``itl_margin`` of its target,
+    the one whose larger ratio (busy over ``busy_max``, ITL over ``itl_margin`` x target) is smallest; None when no
+    split holds. Not the fewest prefill workers that keep up: the estimate is of the window's mean load, and a split
+    sized to the mean leaves a burst of prompts nothing to run on. At least ``min_decode`` decode workers: the
+    decode side's KV capacity is not in the profile, and the output rate measured under a backlog is what was
+    served, below the demand; a split sized on it with one decode worker overflowed that worker's KV in the
+    evaluation (7P1D at 20 prompt-heavy requests/s)."""
+    best: tuple[float, SplitEstimate] | None = None
+    for prefill in range(1, workers - min_decode + 1):
+        estimate = split_estimate(profile, prefill, workers - prefill, prompt_tokens_per_s, output_tokens_per_s)
+        if not estimate.holds(itl_target_ms, itl_margin, busy_max):
+            continue
+        assert estimate.itl_ms is not None
+        tight = max(estimate.prefill_busy / busy_max, estimate.itl_ms / (itl_margin * itl_target_ms))
+        if best is None or tight < best[0]:
+            best = (tight, estimate)
+    return None if best is None else best[1]

@@ -33,6 +33,16 @@ How it decides, per served model, at every step:
                   ``headroom`` of its SLO and keep up with its prompts      (no hysteresis, no settling
                   (``mixing.py``: the split fails a load aggregated         window) while the estimate
                   serving would hold)                                       holds
+   disaggregation (with ``engine_profile``) ``both`` workers serve, ITL > 1  ``both`` -> decode, then ``both``
+   _pays          while the decode side's capacity terms are under          -> prefill, toward that split, up
+                  ``headroom`` and prefill >= ``aggregate_below`` (the      to ``max_moves_per_step`` a step;
+                  evidence of ``mixing_costly``, all-``both`` included),    it goes on at the next steps (no
+                  and the profile sizes a split of the model's workers      hysteresis, no settling window)
+                  that holds the load (prefill workers busy at most         while that split still holds the
+                  ``aggregate_busy_max``, decode ITL under ``headroom``;    load within the SLO itself
+                  of those, the most room on its tighter side, at least
+                  2 decode workers: ``mixing.sized_split``), while the
+                  estimate for all-``both`` misses the band's middle
    mixing_costly  ``both`` workers beside prefill or decode workers, ITL    every ``both`` worker (up to
                   > 1 while the decode side's capacity terms (occupancy,    ``max_moves_per_step``) -> prefill;
                   KV) are under ``headroom``, prefill >= ``aggregate_below``  -> decode when no decode worker would
@@ -71,7 +81,9 @@ How it decides, per served model, at every step:
    ``aggregation_pays`` is the same answer under load: the other rows read the layout that serves, and from a
    split nothing in them can say what a mixed step would cost; the engine profile can (``mixing.py``). Without a
    profile, or without the load rates, it never holds. The moves to ``both`` are taken only with
-   ``allow_aggregated``. ``mixing_costly`` is the way back: "aggregation
+   ``allow_aggregated``. ``disaggregation_pays`` is the way back with a profile: from the same evidence as
+   ``mixing_costly`` it goes straight to the split the profile sizes, where ``mixing_costly`` (without a profile)
+   moves one step at a time and waits out a settling window after each. ``mixing_costly`` is the way back: "aggregation
    does not pay". A ``both`` worker mixes prefill chunks into its decode steps; while prompts keep arriving (prefill
    busy) and the decode side's batches and KV are far from full, an ITL over its SLO is those mixed steps, not decode
    work, so the answer is to split the ``both`` workers again, not to take prefill workers for decode (which leaves
@@ -123,7 +135,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
-from litellm_disagg.planner.mixing import MixedEstimate, aggregated_estimate
+from litellm_disagg.planner.mixing import (
+    MixedEstimate,
+    SplitEstimate,
+    aggregated_estimate,
+    sized_split,
+    split_estimate,
+)
 from litellm_disagg.planner.settings import PlannerSettings
 from litellm_disagg.planner.signals import ClusterSignals, ModelSignals, WorkerSignals
 from litellm_disagg.planner.trend import QueueHistory, QueueTrend
@@ -132,6 +150,7 @@ from litellm_disagg.runtime_config import WorkerRole
 
 class Condition(StrEnum):
     AGGREGATION_PAYS = "aggregation_pays"
+    DISAGGREGATION_PAYS = "disaggregation_pays"
     MIXING_COSTLY = "mixing_costly"
     OVERLOADED = "overloaded"
     PREFILL_BOUND = "prefill_bound"
@@ -171,6 +190,11 @@ class Pressures:
     (no engine profile or no load rates), inf: the workers would not keep up with their prompts."""
     aggregated_busy: float | None = None
     """The same estimate's share of a worker's time on prompt chunks."""
+    split_prefill: int | None = None
+    """The split the engine profile sizes for this load (``mixing.sized_split``): its prefill workers, the rest
+    decode; None: no profile, no load rates, or no split holds the load."""
+    split_itl_ratio: float | None = None
+    """That split's estimated decode ITL over its SLO."""
 
     def as_fields(self) -> dict[str, float | str | None]:
         """Flat fields for a log line or a metric (names are the ``planner_signal`` label values)."""
@@ -189,6 +213,8 @@ class Pressures:
             "prefill_needed": None if self.prefill_needed is None else float(self.prefill_needed),
             "aggregated_itl_ratio": _round(self.aggregated_itl_ratio),
             "aggregated_busy": _round(self.aggregated_busy),
+            "split_prefill": None if self.split_prefill is None else float(self.split_prefill),
+            "split_itl_ratio": _round(self.split_itl_ratio),
         }
 
 
@@ -274,6 +300,10 @@ class _ModelState:
     to_both: bool = False
     """The last step's condition was a pressed side's (``decode_bound``, ``transfer_costly``) and asked for moves into
     ``both`` only: its streak is evidence for ``aggregation_pays`` (``low_load``'s is not: no side asked)."""
+    first_step_at: float | None = None
+    """When the planner first saw the model (its load rates cover a whole window only ``window_s`` later)."""
+    split_target: SplitEstimate | None = None
+    """The split ``disaggregation_pays`` sized when it started (its moves go on toward it)."""
     split_at: float | None = None
     """When ``mixing_costly`` last split ``both`` workers (the ITL window before ``split_at + window_s`` holds their
     mixed steps)."""
@@ -362,6 +392,75 @@ def with_estimate(p: Pressures, estimate: MixedEstimate | None, settings: Planne
         return p
     itl = math.inf if estimate.itl_ms is None else estimate.itl_ms / settings.itl_ms
     return replace(p, aggregated_itl_ratio=itl, aggregated_busy=estimate.prefill_busy)
+
+
+def estimate_split(model: ModelSignals, workers: int, settings: PlannerSettings, *,
+                   margin: float | None = None, busy_max: float | None = None) -> SplitEstimate | None:
+    """The split of ``workers`` the engine profile sizes for the model's measured load (``mixing.sized_split``), with
+    the ITL under ``margin`` (default ``headroom``) of its SLO and the prefill workers busy at most ``busy_max``
+    (default ``aggregate_busy_max``); None without a profile, without the load rates, or when no split holds."""
+    profile = settings.engine_profile
+    if profile is None or model.prompt_tokens_per_s is None or model.output_tokens_per_s is None or workers < 2:
+        return None
+    return sized_split(profile, workers, model.prompt_tokens_per_s, model.output_tokens_per_s,
+                       itl_target_ms=settings.itl_ms,
+                       itl_margin=settings.headroom if margin is None else margin,
+                       busy_max=settings.aggregate_busy_max if busy_max is None else busy_max)
+
+
+def resized(target: SplitEstimate, model: ModelSignals, settings: PlannerSettings) -> SplitEstimate | None:
+    """``target``'s split at the model's load now, if it still holds it within the SLO itself (no ``headroom``, all
+    of the prefill workers' time): the band a started split goes on in; None otherwise."""
+    profile = settings.engine_profile
+    if profile is None or model.prompt_tokens_per_s is None or model.output_tokens_per_s is None:
+        return None
+    now = split_estimate(profile, target.prefill, target.decode, model.prompt_tokens_per_s,
+                         model.output_tokens_per_s)
+    return now if now.holds(settings.itl_ms, 1.0, 1.0) else None
+
+
+def with_split(p: Pressures, split: SplitEstimate | None, settings: PlannerSettings) -> Pressures:
+    """``p`` with the sized split's terms (for the decision's log line and metrics)."""
+    if split is None or split.itl_ms is None:
+        return p
+    return replace(p, split_prefill=split.prefill, split_itl_ratio=split.itl_ms / settings.itl_ms)
+
+
+def split_moves_needed(layout: DesiredPools, split: SplitEstimate) -> tuple[int, int]:
+    """``both`` workers the split still needs as (decode, prefill) workers; only ``both`` workers move."""
+    decode = max(0, split.decode - layout.decode)
+    prefill = max(0, split.prefill - layout.prefill)
+    both = layout.both
+    decode = min(decode, both)
+    return decode, min(prefill, both - decode)
+
+
+def band_middle(settings: PlannerSettings) -> float:
+    """The middle of the band between ``headroom`` (``aggregation_pays`` crosses to ``both`` under it) and 1.0 (a
+    crossing goes on up to it), as a share of the ITL SLO: ``disaggregation_pays`` splits only above it."""
+    return (settings.headroom + 1.0) / 2.0
+
+
+def disaggregation_pays(p: Pressures, split: SplitEstimate | None, layout: DesiredPools,
+                        settings: PlannerSettings, *, splitting: bool = False,
+                        aggregated: MixedEstimate | None = None) -> bool:
+    """Whether ``both`` workers should go straight to the split the engine profile sizes: they serve, their ITL is
+    over its SLO while prompts keep arriving and the decode side's capacity terms are under ``headroom`` (the
+    evidence of ``mixing_costly``, in any layout with ``both`` workers, all-``both`` included), the profile sizes a
+    split of the model's workers that holds the load (``estimate_split``), and that split still needs some of the
+    ``both`` workers. ``splitting``: the last move was this split's, which goes on while the sized split holds
+    (``split`` is then sized within the SLO itself, not ``headroom``: a band, as for ``aggregation_pays``) and
+    still needs ``both`` workers, whatever the stale latency windows say."""
+    if split is None or layout.both == 0 or sum(split_moves_needed(layout, split)) == 0:
+        return False
+    if splitting:
+        return True
+    if aggregated is not None and aggregated.holds(settings.itl_ms, band_middle(settings), settings.aggregate_busy_max):
+        # the estimate says every worker as ``both`` holds this load in the lower half of the crossing's band (under
+        # ``headroom`` ``aggregation_pays`` crosses, up to 1.0 a crossing goes on): an ITL over its SLO then is the
+        # load's spread (a burst), and a split sized to the window's mean load would leave the next burst nothing
+        return False
+    return mixing_costly(p, settings)
 
 
 def aggregation_pays(p: Pressures, estimate: MixedEstimate | None, settings: PlannerSettings, *,
@@ -476,6 +575,9 @@ def _routes(condition: Condition, p: Pressures, settings: PlannerSettings, *,
         return [(WorkerRole.PREFILL, WorkerRole.DECODE), (WorkerRole.BOTH, WorkerRole.DECODE)]
     if condition in (Condition.LOW_LOAD, Condition.TRANSFER_COSTLY, Condition.AGGREGATION_PAYS):
         return [(WorkerRole.PREFILL, WorkerRole.BOTH), (WorkerRole.DECODE, WorkerRole.BOTH)]
+    if condition is Condition.DISAGGREGATION_PAYS:
+        # decode workers first: a prefill worker beside only ``both`` workers gets no prompts (they serve theirs)
+        return [(WorkerRole.BOTH, WorkerRole.DECODE), (WorkerRole.BOTH, WorkerRole.PREFILL)]
     return []
 
 
@@ -511,7 +613,8 @@ def splits_back(src: WorkerRole, condition: Condition, moved_for: Condition | No
         return False
     if condition is Condition.PREFILL_BOUND:
         return True
-    return condition is Condition.MIXING_COSTLY and (moved_for is None or moved_for in _UNNEEDED)
+    return (condition in (Condition.MIXING_COSTLY, Condition.DISAGGREGATION_PAYS)
+            and (moved_for is None or moved_for in _UNNEEDED))
 
 
 def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settings: PlannerSettings) -> int:
@@ -526,7 +629,7 @@ def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settin
     (a half-crossed layout is neither family). ``mixing_costly``: every ``both``
     worker (each one mixes), fewer when the decode side would lose its headroom. ``transfer_costly`` moves one."""
     cap = settings.max_moves_per_step
-    if condition in (Condition.AGGREGATION_PAYS, Condition.LOW_LOAD) or (
+    if condition in (Condition.AGGREGATION_PAYS, Condition.DISAGGREGATION_PAYS, Condition.LOW_LOAD) or (
             condition is Condition.DECODE_BOUND and settings.allow_aggregated
             and p.prefill < settings.aggregate_below):
         return cap
@@ -609,8 +712,26 @@ class Planner:
         # a crossing goes on while its estimate holds, for as long as its moves may wait on a cooldown
         crossing = (state.last_move_condition is Condition.AGGREGATION_PAYS and state.last_move_at is not None
                     and now - state.last_move_at <= max(s.window_s, s.cooldown_s))
+        # a split sized by the profile goes on the same way (within the SLO itself, not ``headroom``: a band)
+        splitting = (state.last_move_condition is Condition.DISAGGREGATION_PAYS and state.last_move_at is not None
+                     and now - state.last_move_at <= max(s.window_s, s.cooldown_s))
+        if state.first_step_at is None:
+            state.first_step_at = now
+        # the load rates size the split: not before they cover a whole window (the output rate lags the prompts')
+        split = estimate_split(model, current.total, s) if now - state.first_step_at >= s.window_s else None
+        if splitting and state.split_target is not None:
+            # the split sized when it started, while it still holds the load within the SLO itself
+            split = resized(state.split_target, model, s)
+        p = with_split(p, split, s)
+        quota: dict[WorkerRole, int] | None = None
         if aggregation_pays(p, estimate, s, disaggregated=disaggregated, crossing=crossing):
             condition = Condition.AGGREGATION_PAYS
+        elif disaggregation_pays(p, split, current, s, splitting=splitting, aggregated=estimate):
+            assert split is not None
+            condition = Condition.DISAGGREGATION_PAYS
+            crossing = splitting
+            to_decode, to_prefill = split_moves_needed(current, split)
+            quota = {WorkerRole.DECODE: to_decode, WorkerRole.PREFILL: to_prefill}
         else:
             condition = condition_of(p, s, disaggregated=disaggregated, aggregated_workers=current.both > 0)
             crossing = False
@@ -650,13 +771,15 @@ class Planner:
                 held = f"settling: the latency window predates the last move ({now - state.last_move_at:.1f} s ago)"
             else:
                 limit = wanted_moves(condition, p, model, s)
-                moves, layout, held, no_candidate = self._pick_moves(model, condition, routes, layout, now, limit)
+                moves, layout, held, no_candidate = self._pick_moves(model, condition, routes, layout, now, limit,
+                                                                     quota)
                 if moves:
                     state.streak = 0
                     state.last_move_at = now
                     state.last_move_condition = condition
-                    if condition is Condition.MIXING_COSTLY:
+                    if condition in (Condition.MIXING_COSTLY, Condition.DISAGGREGATION_PAYS):
                         state.split_at = now
+                    state.split_target = split if condition is Condition.DISAGGREGATION_PAYS else None
         state.to_both = (condition in (Condition.DECODE_BOUND, Condition.TRANSFER_COSTLY) and bool(routes)
                          and all(dst is WorkerRole.BOTH for _, dst in routes))
         moved = {m.worker_id for m in moves}
@@ -664,8 +787,9 @@ class Planner:
         return ModelDecision(model.model, condition, streak, p, tuple(moves), desired, current, drain, held)
 
     def _pick_moves(self, model: ModelSignals, condition: Condition, routes: list[tuple[WorkerRole, WorkerRole]],
-                    layout: DesiredPools, now: float,
-                    limit: int) -> tuple[list[RoleMove], DesiredPools, str | None, bool]:
+                    layout: DesiredPools, now: float, limit: int,
+                    quota: dict[WorkerRole, int] | None = None) -> tuple[list[RoleMove], DesiredPools, str | None, bool]:
+        """Up to ``limit`` moves along ``routes`` in order; ``quota``: at most that many into each role named."""
         s = self._settings
         moves: list[RoleMove] = []
         blocked: set[str] = set()
@@ -674,6 +798,10 @@ class Planner:
             for worker in _least_busy(model.with_role(src)):
                 if len(moves) >= limit:
                     break
+                if quota is not None and sum(m.to_role is dst for m in moves) >= quota.get(dst, 0):
+                    break
+                if any(m.worker_id == worker.worker_id for m in moves):
+                    continue
                 if not worker.can_serve(dst):
                     blocked.add("launch cannot serve " + dst.value)
                     continue

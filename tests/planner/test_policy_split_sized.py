@@ -1,0 +1,173 @@
+"""From ``both`` workers straight to the split the engine profile sizes (``disaggregation_pays``): the split estimate
+(litellm_disagg/planner/mixing.py: ``split_estimate``, ``sized_split``) and the policy's use of it (policy.py). Pure.
+
+The case it exists for: every worker ``both`` with vLLM's default 2,048-token budget under prompt-heavy load, where
+each 2,048-token chunk makes a ~100 ms step and the ITL misses its SLO. Without a profile the planner splits one
+worker per settling window (decode_bound, then mixing_costly), about 50 s to reach the split the load needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from litellm_disagg.planner import ClusterSignals, Condition, LatencyWindow, ModelSignals, Planner, PlannerSettings
+from litellm_disagg.planner.mixing import EngineProfile, sized_split, split_estimate
+from litellm_disagg.planner.signals import WorkerSignals
+from litellm_disagg.runtime_config import WorkerRole
+
+P, D, B = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH
+MODEL = "m"
+PROFILE = EngineProfile(weight_read_ms=19.81, per_sequence_ms=0.19, prefill_tokens_per_s=20_000,
+                        max_num_batched_tokens=2048)
+
+
+def test_the_split_estimate_is_the_prefill_workers_share_of_the_prompts_and_a_decode_step_at_its_batch() -> None:
+    est = split_estimate(PROFILE, 4, 4, 4 * 10_000.0, 4 * 1_000.0)
+    assert est.prefill_busy == pytest.approx(10_000 / 2048 * PROFILE.step_ms(2048, 0) / 1000)
+    assert est.itl_ms is not None
+    batch = 1_000.0 * est.itl_ms / 1000  # Little's law at the worker's output rate
+    assert est.itl_ms == pytest.approx(PROFILE.step_ms(0, batch))
+    # more output than a decode worker's steps can ever carry: no estimate
+    assert split_estimate(PROFILE, 4, 1, 0.0, 10_000.0).itl_ms is None
+
+
+def test_the_sized_split_has_the_most_room_on_its_tighter_side_and_none_when_no_split_holds() -> None:
+    rate = 20.0  # prompt-heavy requests/s: 4,608-token prompts, 80-token answers
+    found = sized_split(PROFILE, 8, rate * 4608.0, rate * 80.0, itl_target_ms=40, itl_margin=0.7, busy_max=0.9)
+    assert found is not None and (found.prefill, found.decode) == (6, 2)
+    assert found.prefill_busy <= 0.9 and split_estimate(PROFILE, 5, 3, rate * 4608.0, rate * 80.0).prefill_busy > 0.9
+    # 7P1D keeps up with the prompts with more room, but its one decode worker's ITL would be at the margin
+    seven = split_estimate(PROFILE, 7, 1, rate * 4608.0, rate * 80.0)
+    assert seven.prefill_busy < found.prefill_busy and seven.itl_ms is not None and seven.itl_ms > 0.7 * 40
+    # at a lighter load not the fewest prefill workers that keep up (1 would): room on both sides
+    light = sized_split(PROFILE, 8, 8 * 4608.0, 8 * 80.0, itl_target_ms=40, itl_margin=0.7, busy_max=0.9)
+    assert light is not None and light.prefill == 3
+    assert split_estimate(PROFILE, 2, 6, 8 * 4608.0, 8 * 80.0).prefill_busy > 0.9
+    assert sized_split(PROFILE, 8, 40 * 4608.0, 40 * 80.0, itl_target_ms=40, itl_margin=0.7, busy_max=0.9) is None
+    # a decode side the outputs would overload: no split holds
+    assert sized_split(PROFILE, 8, 1000.0, 100_000.0, itl_target_ms=40, itl_margin=0.7, busy_max=0.9) is None
+
+
+def settings(profile: EngineProfile | None = PROFILE, **kw: object) -> PlannerSettings:
+    base: dict[str, object] = {"ttft_ms": 2000, "itl_ms": 40, "hysteresis_steps": 2, "cooldown_s": 20,
+                               "min_samples": 1, "max_moves_per_step": 3, "window_s": 10, "engine_profile": profile}
+    base.update(kw)
+    return PlannerSettings.model_validate(base)
+
+
+def layout(prefill: int, decode: int, both: int) -> tuple[WorkerSignals, ...]:
+    roles = [B] * both + [P] * prefill + [D] * decode
+    return tuple(WorkerSignals(f"w{i}", MODEL, role) for i, role in enumerate(roles))
+
+
+def mixing(workers: tuple[WorkerSignals, ...], rate: float = 20.0, itl_ms: float = 52.0) -> ClusterSignals:
+    """``both`` workers mixing 2,048-token chunks into their steps: the ITL over its 40 ms SLO, prompts arriving
+    (prefill time 1.1 s against the 2 s TTFT SLO: busy, not over), the decode side's KV far from full."""
+    return ClusterSignals((ModelSignals(MODEL, workers, ttft=LatencyWindow(1200, 50), itl=LatencyWindow(itl_ms, 50),
+                                        prefill_time=LatencyWindow(1100, 50), prompt_tokens_per_s=rate * 4608.0,
+                                        output_tokens_per_s=rate * 80.0),))
+
+
+def warmed(planner: Planner, workers: tuple[WorkerSignals, ...]) -> Planner:
+    """A planner that has seen the model for a window (``window_s``, 10 s) at a calm load: the load rates now cover
+    a whole window, which a split is sized from."""
+    planner.step(mixing(workers, rate=2.0, itl_ms=22.0), -10.0)
+    return planner
+
+
+def moves(decision) -> list[tuple[WorkerRole, WorkerRole]]:
+    return [(m.from_role, m.to_role) for m in decision.moves]
+
+
+def applied(workers: tuple[WorkerSignals, ...], decision) -> tuple[WorkerSignals, ...]:
+    """The layout after ``decision``'s moves (the flips done at once), worker ids kept."""
+    to = {m.worker_id: m.to_role for m in decision.moves}
+    return tuple(WorkerSignals(w.worker_id, MODEL, to.get(w.worker_id, w.role)) for w in workers)
+
+
+def test_all_both_missing_the_itl_goes_to_the_sized_split_in_a_few_steps() -> None:
+    workers = layout(0, 0, 8)
+    planner = warmed(Planner(settings()), workers)
+    first = planner.step(mixing(workers), 0.0).decision(MODEL)
+    assert first is not None and first.condition is Condition.DISAGGREGATION_PAYS and not first.moves
+    assert first.held == "hysteresis 1/2" and first.pressures.split_prefill == 6
+    second = planner.step(mixing(workers), 2.0).decision(MODEL)
+    # decode workers first: a prefill worker beside only ``both`` workers would get no prompts
+    assert second is not None and moves(second) == [(B, D), (B, D), (B, P)]
+    # it goes on at the next steps, no hysteresis and no settling window, the stale ITL window notwithstanding
+    workers = applied(workers, second)
+    third = planner.step(mixing(workers), 4.0).decision(MODEL)
+    assert third is not None and third.condition is Condition.DISAGGREGATION_PAYS and moves(third) == [(B, P)] * 3
+    workers = applied(workers, third)
+    fourth = planner.step(mixing(workers), 6.0).decision(MODEL)
+    assert fourth is not None and moves(fourth) == [(B, P)] * 2
+    workers = applied(workers, fourth)
+    assert [w.role for w in workers].count(P) == 6 and [w.role for w in workers].count(D) == 2
+    done = planner.step(mixing(workers, itl_ms=25.0), 8.0).decision(MODEL)
+    assert done is not None and done.condition is not Condition.DISAGGREGATION_PAYS and not done.moves
+
+
+def test_a_started_split_stops_when_the_load_no_longer_fits_it() -> None:
+    workers = layout(0, 0, 8)
+    planner = warmed(Planner(settings()), workers)
+    planner.step(mixing(workers), 0.0)
+    second = planner.step(mixing(workers), 2.0).decision(MODEL)
+    assert second is not None and len(second.moves) == 3
+    # the prompts doubled: 6 prefill workers no longer keep up (busy over 1), so the sized split is off
+    third = planner.step(mixing(applied(workers, second), rate=40.0), 4.0).decision(MODEL)
+    assert third is not None and third.condition is not Condition.DISAGGREGATION_PAYS
+
+
+def test_without_a_profile_all_both_splits_one_worker_per_settling_window() -> None:
+    planner = warmed(Planner(settings(profile=None)), layout(0, 0, 8))
+    planner.step(mixing(layout(0, 0, 8)), 0.0)
+    second = planner.step(mixing(layout(0, 0, 8)), 2.0).decision(MODEL)
+    assert second is not None and second.condition is Condition.DECODE_BOUND and moves(second) == [(B, D)]
+    third = planner.step(mixing(layout(0, 1, 7)), 4.0).decision(MODEL)
+    assert third is not None and not third.moves and third.pressures.split_prefill is None
+
+
+def test_no_split_while_the_itl_holds_or_when_the_profile_sizes_none() -> None:
+    planner = warmed(Planner(settings()), layout(0, 0, 8))
+    for t in (0.0, 2.0, 4.0):
+        calm = planner.step(mixing(layout(0, 0, 8), itl_ms=30.0), t).decision(MODEL)
+        assert calm is not None and calm.condition is not Condition.DISAGGREGATION_PAYS and not calm.moves
+    # at 40 req/s no split of 8 keeps up with the prompts: the profile sizes none, the old path decides
+    planner = warmed(Planner(settings()), layout(0, 0, 8))
+    for t in (0.0, 2.0):
+        heavy = planner.step(mixing(layout(0, 0, 8), rate=40.0), t).decision(MODEL)
+    assert heavy is not None and heavy.condition is not Condition.DISAGGREGATION_PAYS
+    assert heavy.pressures.split_prefill is None
+
+
+def test_no_split_from_the_first_seconds_of_load() -> None:
+    """The output rate lags the prompts' at first (answers come after their prompts): a split sized then has too
+    few decode workers. The first window only goes the old way."""
+    planner = Planner(settings())
+    for t in (0.0, 2.0):
+        early = planner.step(mixing(layout(0, 0, 8)), t).decision(MODEL)
+        assert early is not None and early.condition is not Condition.DISAGGREGATION_PAYS
+        assert early.pressures.split_prefill is None
+
+
+def test_no_split_where_the_estimate_says_aggregated_serving_holds() -> None:
+    """An ITL just over its SLO while every worker as ``both`` holds this load with room (the estimate under
+    ``headroom``): a burst's spread, not a load a split would serve better."""
+    planner = warmed(Planner(settings()), layout(0, 0, 8))
+    for t in (0.0, 2.0, 4.0):
+        light = planner.step(mixing(layout(0, 0, 8), rate=8.0, itl_ms=44.0), t).decision(MODEL)
+        assert light is not None and light.condition is Condition.DECODE_BOUND  # the old path: one worker at a time
+        assert len(light.moves) <= 1 and light.pressures.split_prefill is not None
+        assert light.pressures.aggregated_itl_ratio is not None and light.pressures.aggregated_itl_ratio < 0.7
+
+
+def test_workers_that_crossed_to_both_for_the_load_keep_their_cooldown() -> None:
+    """A split that crossed to ``both`` (``aggregation_pays``) is not split straight back inside the cooldown on the
+    next ITL breach: that back and forth is what the cooldown exists to stop (bursts)."""
+    planner = warmed(Planner(settings(cooldown_s=30)), layout(0, 0, 8))
+    for i in range(8):
+        planner._state.last_move[f"w{i}"] = 0.0
+        planner._state.moved_for[f"w{i}"] = Condition.AGGREGATION_PAYS
+    for t in (2.0, 4.0):
+        decision = planner.step(mixing(layout(0, 0, 8)), t).decision(MODEL)
+    assert decision is not None and decision.condition is Condition.DISAGGREGATION_PAYS and not decision.moves
+    assert decision.held is not None and "cooldown" in decision.held
