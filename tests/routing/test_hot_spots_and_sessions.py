@@ -140,7 +140,7 @@ def test_the_kv_router_feeds_placements_to_the_scoring_context() -> None:
     a, b = worker("a"), worker("b")
     router.sync(WorkerPool.of([a, b]))
     first = PromptBlocks(list(range(16 * 4)))
-    router.observe(SimpleNamespace(prompt=first, decode=a), None, None)  # type: ignore[arg-type]
+    router.observe(SimpleNamespace(prompt=first, decode=a, decision_inputs=None), None, None)  # type: ignore[arg-type]
     other = PromptBlocks(list(range(1000, 1000 + 16 * 3)))
     assert router.context(other, [a, b]).live_sessions == {"a": 1}
     router.sync(WorkerPool.of([b]))
