@@ -193,8 +193,10 @@ def run_profile(args: argparse.Namespace) -> int:
         print(json.dumps({"engine_profile": fit.profile.model_dump(),
                           "decode": dataclasses.asdict(fit.decode), "prefill": dataclasses.asdict(fit.prefill),
                           "decode_points": [dataclasses.asdict(p) for p in fit.decode_points],
-                          "prefill_points": [dataclasses.asdict(p) for p in fit.prefill_points]}))
+                          "prefill_points": [dataclasses.asdict(p) for p in fit.prefill_points],
+                          "warnings": list(fit.warnings())}))
     else:
         sys.stderr.write(render_points(fit))
+        sys.stderr.writelines(f"warning: {line}\n" for line in fit.warnings())
         sys.stdout.write(render_yaml(fit))
     return 0

@@ -66,6 +66,26 @@ class ProfileFit:
     def predicted_step_ms(self, batch: int) -> float:
         return self.profile.step_ms(0, batch)
 
+    def warnings(self, *, r2_min: float = 0.9, off_line_max: float = 0.15) -> tuple[str, ...]:
+        """What an operator should know before trusting the profile: decode points that scatter about their line
+        (R² under ``r2_min``), each decode point more than ``off_line_max`` off its fitted step, and a prompt time
+        that grows faster than the prompt (a fixed cost under 0: the rate is then the longer prompts' marginal one).
+        None of them stops the profile: a real engine's step is only roughly a line."""
+        out: list[str] = []
+        if self.decode.r2 < r2_min:
+            out.append(f"the decode points scatter about their line (R2 {self.decode.r2:.2f}): repeat the run "
+                       "(or raise --repeats) and take the medians")
+        for point in self.decode_points:
+            fitted = self.predicted_step_ms(point.batch)
+            off = abs(point.step_ms - fitted) / fitted
+            if off > off_line_max:
+                out.append(f"batch {point.batch}: {point.step_ms:.1f} ms measured, {off:.0%} off the line's "
+                           f"{fitted:.1f} ms")
+        if self.prefill.intercept < 0:
+            out.append(f"the prompt's time grows faster than its length (fixed cost {self.prefill.intercept * 1000:.0f}"
+                       " ms): prefill_tokens_per_s is the longer prompts' marginal rate, below a short prompt's")
+        return tuple(out)
+
 
 def least_squares(xs: Sequence[float], ys: Sequence[float]) -> Line:
     """The least-squares line through (xs, ys); at least two distinct xs."""

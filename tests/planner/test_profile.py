@@ -50,6 +50,22 @@ def test_the_fit_recovers_a_profile_from_points_on_its_lines():
     assert fit.predicted_step_ms(16) == pytest.approx(16.0)
 
 
+def test_a_profile_off_its_lines_says_where():
+    """Points on their lines warn of nothing; the real CPU worker's shape (docs/benchmarks.md, "Engine profile of a
+    real CPU worker": batch 4 faster than 1 and 2, a prompt time growing faster than the prompt) warns of each part
+    that does not hold, and still gives a profile."""
+    on_lines = fit_profile([DecodePoint(b, 10.0 + 0.5 * b) for b in (1, 4, 16)],
+                           [PrefillPoint(512, 0.05 + 512 / 1e4), PrefillPoint(1536, 0.05 + 1536 / 1e4)], 2048)
+    assert on_lines.warnings() == ()
+    cpu = fit_profile([DecodePoint(1, 68.6), DecodePoint(2, 66.8), DecodePoint(4, 52.6), DecodePoint(8, 64.3),
+                       DecodePoint(16, 86.7)], [PrefillPoint(482, 1.2947), PrefillPoint(1463, 4.422)], 2048)
+    warnings = cpu.warnings()
+    assert any("R2 0.50" in w for w in warnings)
+    assert [w.split(":")[0] for w in warnings if w.startswith("batch")] == ["batch 4"]
+    assert any("grows faster than its length" in w for w in warnings)
+    assert cpu.profile.weight_read_ms == pytest.approx(59.0, abs=0.1)
+
+
 def test_noise_that_bends_the_slope_below_zero_is_no_per_sequence_cost():
     fit = fit_profile([DecodePoint(1, 10.2), DecodePoint(8, 10.0)], [PrefillPoint(100, 0.1), PrefillPoint(300, 0.2)],
                       512)
