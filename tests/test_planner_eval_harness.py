@@ -161,6 +161,23 @@ def test_the_profile_fitted_on_the_engine_is_its_step_cost():
     assert fitted.max_num_batched_tokens == 512
 
 
+def test_a_misprofiled_engine_scales_each_measured_number_and_the_flag_checks_its_factors():
+    from bench.planner_eval.__main__ import main
+    from bench.planner_eval.profile import misprofiled, profile_engine
+    from litellm_disagg.sim.settings import EngineSettings, TimingSettings
+
+    exact = profile_engine(TimingSettings(), EngineSettings(max_num_batched_tokens=512))
+    wrong = misprofiled(exact, 1.2, 1.0, 0.8)
+    assert wrong.weight_read_ms == pytest.approx(1.2 * exact.weight_read_ms)
+    assert wrong.per_sequence_ms == pytest.approx(exact.per_sequence_ms)
+    assert wrong.prefill_tokens_per_s == pytest.approx(0.8 * exact.prefill_tokens_per_s)
+    assert wrong.max_num_batched_tokens == 512
+    for argv in (["--profile-error", "1.2,1,0.8"], ["--engine-profile", "--profile-error", "1.2,1"],
+                 ["--engine-profile", "--profile-error", "1.2,0,1"]):
+        with pytest.raises(SystemExit, match="--profile-error"):
+            main(argv)
+
+
 def test_with_an_engine_profile_the_planner_leaves_a_failing_split_for_aggregated_serving():
     # prompt-heavy at 26 req/s on 8 workers with a 512-token budget: every static split misses the SLOs (the best,
     # 6P2D, serves 23.5-25 req/s) and aggregated serving holds them (30). Started at 4P4D, the planner without a

@@ -20,10 +20,11 @@ from bench.planner_eval import plots, report
 from bench.planner_eval.arms import all_arms, one_to_one
 from bench.planner_eval.cluster import ClusterConfig
 from bench.planner_eval.goodput import SearchSettings
-from bench.planner_eval.profile import profile_engine
+from bench.planner_eval.profile import misprofiled, profile_engine
 from bench.planner_eval.run import goodput_table, shift_timeline
 from bench.planner_eval.slo import Slo
 from bench.planner_eval.workload import PHASES, Segment
+from litellm_disagg.planner.mixing import EngineProfile
 from litellm_disagg.sim.settings import EngineSettings, TimingSettings
 
 PLANNERS = ("planner", "planner (fast)", "planner (fast, prefill TTFT)")
@@ -36,6 +37,24 @@ def _layout(text: str | None, workers: int) -> tuple[int, int, int] | None:
     if len(parts) != 3 or min(parts) < 0 or sum(parts) != workers:
         raise SystemExit(f"--planner-start: three counts (prefill,decode,both) adding up to {workers}, got {text!r}")
     return parts[0], parts[1], parts[2]
+
+
+def _profile(args: argparse.Namespace, engine: EngineSettings) -> EngineProfile | None:
+    """The planner arms' engine profile: none, the simulated engine's, or that one scaled by ``--profile-error``."""
+    if not args.engine_profile:
+        if args.profile_error is not None:
+            raise SystemExit("--profile-error needs --engine-profile")
+        return None
+    profile = profile_engine(TimingSettings(), engine)
+    if args.profile_error is None:
+        return profile
+    try:
+        weight, per_seq, rate = (float(x) for x in args.profile_error.split(","))
+    except ValueError:
+        raise SystemExit(f"--profile-error: three factors W,S,R, got {args.profile_error!r}") from None
+    if min(weight, per_seq, rate) <= 0:
+        raise SystemExit(f"--profile-error: factors must be > 0, got {args.profile_error!r}")
+    return misprofiled(profile, weight, per_seq, rate)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-profile", action="store_true",
                     help="give the planner arms the engine profile measured on the simulated engine "
                          "(bench/planner_eval/profile.py): they may then cross from a split to aggregated on load")
+    ap.add_argument("--profile-error", default=None, metavar="W,S,R",
+                    help="with --engine-profile: multiply the profile's weight read, cost per sequence and prefill "
+                         "rate by these factors (a profile measured wrong), e.g. 1.2,1,0.8")
     ap.add_argument("--first-tick-at-interval", action="store_true",
                     help="the planner's first step one interval after the load starts (the protocol before "
                          "2026-12-02) instead of with the first arrival")
@@ -76,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = EngineSettings(max_num_batched_tokens=args.max_num_batched_tokens)
     config = ClusterConfig(workers=args.workers, first_tick_s=None if args.first_tick_at_interval else 0.0,
                            engine=engine, planner_start=_layout(args.planner_start, args.workers),
-                           planner_profile=profile_engine(TimingSettings(), engine) if args.engine_profile else None)
+                           planner_profile=_profile(args, engine))
     arm_names = [a.name for a in all_arms(slo, config)]
     started = time.monotonic()
 

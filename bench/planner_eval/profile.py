@@ -4,6 +4,8 @@ measured on the simulated engine as a profiling run measures a real one: decode-
 over a long prompt (its tokens over its time: the compute-bound rate). The step budget is the workers' own.
 
     python -m bench.planner_eval.profile [--max-num-batched-tokens N]     # prints the profile as YAML
+
+``misprofiled`` scales it (``python -m bench.planner_eval --engine-profile --profile-error W,S,R``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,15 @@ def profile_engine(timing: TimingSettings, engine: EngineSettings) -> EngineProf
     rate = prompt / model.step_time(StepWork(prefill_tokens=prompt))
     return EngineProfile(weight_read_ms=intercept, per_sequence_ms=max(0.0, slope), prefill_tokens_per_s=rate,
                          max_num_batched_tokens=engine.max_num_batched_tokens)
+
+
+def misprofiled(profile: EngineProfile, weight_read: float = 1.0, per_sequence: float = 1.0,
+                prefill_rate: float = 1.0) -> EngineProfile:
+    """``profile`` with each measured number multiplied by its factor: a profile measured wrong (a noisy or stale
+    profiling run), for how far the planner's use of it tolerates the error."""
+    return profile.model_copy(update={"weight_read_ms": profile.weight_read_ms * weight_read,
+                                      "per_sequence_ms": profile.per_sequence_ms * per_sequence,
+                                      "prefill_tokens_per_s": profile.prefill_tokens_per_s * prefill_rate})
 
 
 def main(argv: list[str] | None = None) -> int:
