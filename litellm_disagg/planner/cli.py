@@ -146,6 +146,9 @@ def add_profile_parser(sub: Any) -> None:
     p.add_argument("--prompt-tokens", help="prompt lengths for the prefill rate, comma-separated (default: a "
                                            "quarter and three quarters of the model's context, at most 8192)")
     p.add_argument("--repeats", type=int, help="measurements per point; the median is kept (default 3)")
+    p.add_argument("--runs", type=int, default=1,
+                   help="whole profiling runs, each fitted; the profile printed is each number's median over them "
+                        "(default 1; on noisy hardware 3 or more)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
     p.add_argument("--json", action="store_true", help="print the profile and the points as JSON")
 
@@ -160,7 +163,7 @@ def run_profile(args: argparse.Namespace) -> int:
     import httpx
     from pydantic import ValidationError
 
-    from litellm_disagg.planner.profile_fit import ProfileFitError
+    from litellm_disagg.planner.profile_fit import ProfileFitError, median_profile
     from litellm_disagg.planner.profiler import (
         ProfileError,
         ProfileTarget,
@@ -175,6 +178,8 @@ def run_profile(args: argparse.Namespace) -> int:
         plan = plan_from(args.max_num_batched_tokens,
                          parse_sizes(args.batches) if args.batches else None, args.output_tokens,
                          parse_sizes(args.prompt_tokens) if args.prompt_tokens else None, args.repeats)
+        if args.runs < 1:
+            raise ValueError(f"--runs must be at least 1, got {args.runs}")
     except (ValueError, ValidationError) as exc:
         print(f"litellm-disagg profile: bad arguments: {exc}", file=sys.stderr)
         return 2
@@ -182,21 +187,33 @@ def run_profile(args: argparse.Namespace) -> int:
 
     async def measure() -> Any:
         async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout)) as client:
-            return await measure_profile(client, target, plan)
+            return [await measure_profile(client, target, plan) for _ in range(args.runs)]
 
     try:
-        fit = asyncio.run(measure())
+        fits = asyncio.run(measure())
+        profile = median_profile(fits)
     except (ProfileError, ProfileFitError, httpx.HTTPError) as exc:
         print(f"litellm-disagg profile: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+
+    def run_json(fit: Any) -> dict[str, Any]:
+        return {"engine_profile": fit.profile.model_dump(),
+                "decode": dataclasses.asdict(fit.decode), "prefill": dataclasses.asdict(fit.prefill),
+                "decode_points": [dataclasses.asdict(p) for p in fit.decode_points],
+                "prefill_points": [dataclasses.asdict(p) for p in fit.prefill_points],
+                "warnings": list(fit.warnings())}
+
     if args.json:
-        print(json.dumps({"engine_profile": fit.profile.model_dump(),
-                          "decode": dataclasses.asdict(fit.decode), "prefill": dataclasses.asdict(fit.prefill),
-                          "decode_points": [dataclasses.asdict(p) for p in fit.decode_points],
-                          "prefill_points": [dataclasses.asdict(p) for p in fit.prefill_points],
-                          "warnings": list(fit.warnings())}))
+        # the top level: the median profile, and the first run's lines and points (one run: that run's everything)
+        print(json.dumps({**run_json(fits[0]), "engine_profile": profile.model_dump(),
+                          "runs": [run_json(fit) for fit in fits]}))
     else:
-        sys.stderr.write(render_points(fit))
-        sys.stderr.writelines(f"warning: {line}\n" for line in fit.warnings())
-        sys.stdout.write(render_yaml(fit))
+        for i, fit in enumerate(fits, 1):
+            if len(fits) > 1:
+                sys.stderr.write(f"run {i} of {len(fits)}:\n")
+            sys.stderr.write(render_points(fit))
+            sys.stderr.writelines(f"warning: {line}\n" for line in fit.warnings())
+        if len(fits) > 1:
+            sys.stderr.write(f"the profile below: each number's median over the {len(fits)} runs\n")
+        sys.stdout.write(render_yaml(dataclasses.replace(fits[0], profile=profile)))
     return 0

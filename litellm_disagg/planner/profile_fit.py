@@ -19,6 +19,7 @@ see a profile that rests on noise before putting it in ``proxy_config.yaml``.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -85,6 +86,22 @@ class ProfileFit:
             out.append(f"the prompt's time grows faster than its length (fixed cost {self.prefill.intercept * 1000:.0f}"
                        " ms): prefill_tokens_per_s is the longer prompts' marginal rate, below a short prompt's")
         return tuple(out)
+
+
+def median_profile(fits: Sequence[ProfileFit]) -> EngineProfile:
+    """Each number's median over several profiling runs of one engine (one run's noise can be larger than the ~20%
+    the planner tolerates: docs/planner-evaluation.md, "A profile measured wrong")."""
+    if not fits:
+        raise ProfileFitError("no profiling run to take the median of")
+    budgets = {f.profile.max_num_batched_tokens for f in fits}
+    if len(budgets) != 1:
+        raise ProfileFitError(f"the runs were fitted for different step budgets: {sorted(budgets)}")
+    return EngineProfile(
+        weight_read_ms=statistics.median(f.profile.weight_read_ms for f in fits),
+        per_sequence_ms=statistics.median(f.profile.per_sequence_ms for f in fits),
+        prefill_tokens_per_s=statistics.median(f.profile.prefill_tokens_per_s for f in fits),
+        max_num_batched_tokens=budgets.pop(),
+    )
 
 
 def least_squares(xs: Sequence[float], ys: Sequence[float]) -> Line:

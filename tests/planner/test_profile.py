@@ -10,6 +10,7 @@ import json
 
 import httpx
 import pytest
+import yaml
 
 from litellm_disagg.cli import main
 from litellm_disagg.planner.mixing import EngineProfile
@@ -19,6 +20,7 @@ from litellm_disagg.planner.profile_fit import (
     ProfileFitError,
     fit_profile,
     least_squares,
+    median_profile,
 )
 from litellm_disagg.planner.profiler import (
     ProfilePlan,
@@ -64,6 +66,22 @@ def test_a_profile_off_its_lines_says_where():
     assert [w.split(":")[0] for w in warnings if w.startswith("batch")] == ["batch 4"]
     assert any("grows faster than its length" in w for w in warnings)
     assert cpu.profile.weight_read_ms == pytest.approx(59.0, abs=0.1)
+
+
+def test_several_runs_give_each_number_its_median():
+    def run(weight: float, per_seq: float, rate: float, budget: int = 2048):
+        return fit_profile([DecodePoint(b, weight + per_seq * b) for b in (1, 8)],
+                           [PrefillPoint(n, 0.05 + n / rate) for n in (512, 1536)], budget)
+
+    runs = [run(59.0, 1.4, 314.0), run(57.0, 2.7, 307.0), run(54.6, 2.3, 255.0)]
+    profile = median_profile(runs)
+    assert profile.weight_read_ms == pytest.approx(57.0)
+    assert profile.per_sequence_ms == pytest.approx(2.3)
+    assert profile.prefill_tokens_per_s == pytest.approx(307.0)
+    with pytest.raises(ProfileFitError, match="budgets"):
+        median_profile([run(10.0, 1.0, 1e4), run(10.0, 1.0, 1e4, budget=512)])
+    with pytest.raises(ProfileFitError):
+        median_profile([])
 
 
 def test_noise_that_bends_the_slope_below_zero_is_no_per_sequence_cost():
@@ -161,6 +179,18 @@ async def test_the_command_prints_the_profile_and_fails_cleanly(sim_worker, caps
     profile = EngineProfile.model_validate(out["engine_profile"])
     assert profile.max_num_batched_tokens == 2048 and profile.weight_read_ms > 0
     assert [p["batch"] for p in out["decode_points"]] == [1, 8]
+    assert len(out["runs"]) == 1 and out["runs"][0]["engine_profile"] == out["engine_profile"]
+    # two runs: the profile is each number's median (of two: their mean), each run's fit beside it
+    twice = argv[:-1] + ["--runs", "2", "--json"]
+    assert await asyncio.to_thread(main, twice) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["runs"]) == 2
+    weights = [r["engine_profile"]["weight_read_ms"] for r in out["runs"]]
+    assert out["engine_profile"]["weight_read_ms"] == pytest.approx(sum(weights) / 2)
+    assert await asyncio.to_thread(main, argv[:-1] + ["--runs", "2"]) == 0
+    text = capsys.readouterr()
+    assert EngineProfile.model_validate(yaml.safe_load(text.out)["engine_profile"]).max_num_batched_tokens == 2048
+    assert "run 2 of 2:" in text.err and "median over the 2 runs" in text.err
     # an unknown model: the worker's 404, said plainly, exit status 1
     bad = ["profile", "--url", sim_worker.base_url, "--max-num-batched-tokens", "2048", "--model", "nope",
            "--batches", "1,2", "--repeats", "1"]
@@ -170,3 +200,6 @@ async def test_the_command_prints_the_profile_and_fails_cleanly(sim_worker, caps
     assert await asyncio.to_thread(main, ["profile", "--url", "http://127.0.0.1:9", "--max-num-batched-tokens",
                                           "2048", "--batches", "4"]) == 2
     assert "bad arguments" in capsys.readouterr().err
+    assert await asyncio.to_thread(main, ["profile", "--url", "http://127.0.0.1:9", "--max-num-batched-tokens",
+                                          "2048", "--runs", "0"]) == 2
+    assert "--runs" in capsys.readouterr().err
