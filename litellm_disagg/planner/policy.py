@@ -304,6 +304,12 @@ class _ModelState:
     """When the planner first saw the model (its load rates cover a whole window only ``window_s`` later)."""
     split_target: SplitEstimate | None = None
     """The split ``disaggregation_pays`` sized when it started (its moves go on toward it)."""
+    def moved_for_lately(self, condition: Condition, now: float, settings: PlannerSettings) -> bool:
+        """The last move was ``condition``'s, within ``max(window_s, cooldown_s)``: a crossing or a sized split
+        goes on for as long as its moves may wait on a cooldown."""
+        return (self.last_move_condition is condition and self.last_move_at is not None
+                and now - self.last_move_at <= max(settings.window_s, settings.cooldown_s))
+
     split_at: float | None = None
     """When ``mixing_costly`` last split ``both`` workers (the ITL window before ``split_at + window_s`` holds their
     mixed steps)."""
@@ -394,18 +400,16 @@ def with_estimate(p: Pressures, estimate: MixedEstimate | None, settings: Planne
     return replace(p, aggregated_itl_ratio=itl, aggregated_busy=estimate.prefill_busy)
 
 
-def estimate_split(model: ModelSignals, workers: int, settings: PlannerSettings, *,
-                   margin: float | None = None, busy_max: float | None = None) -> SplitEstimate | None:
+def estimate_split(model: ModelSignals, workers: int, settings: PlannerSettings) -> SplitEstimate | None:
     """The split of ``workers`` the engine profile sizes for the model's measured load (``mixing.sized_split``), with
-    the ITL under ``margin`` (default ``headroom``) of its SLO and the prefill workers busy at most ``busy_max``
-    (default ``aggregate_busy_max``); None without a profile, without the load rates, or when no split holds."""
+    the ITL under ``headroom`` of its SLO and the prefill workers busy at most ``aggregate_busy_max``; None without a
+    profile, without the load rates, or when no split holds."""
     profile = settings.engine_profile
     if profile is None or model.prompt_tokens_per_s is None or model.output_tokens_per_s is None or workers < 2:
         return None
     return sized_split(profile, workers, model.prompt_tokens_per_s, model.output_tokens_per_s,
-                       itl_target_ms=settings.itl_ms,
-                       itl_margin=settings.headroom if margin is None else margin,
-                       busy_max=settings.aggregate_busy_max if busy_max is None else busy_max)
+                       itl_target_ms=settings.itl_ms, itl_margin=settings.headroom,
+                       busy_max=settings.aggregate_busy_max)
 
 
 def resized(target: SplitEstimate, model: ModelSignals, settings: PlannerSettings) -> SplitEstimate | None:
@@ -710,18 +714,19 @@ class Planner:
         estimate = estimate_aggregated(model, current.total, s)
         p = with_estimate(p, estimate, s)
         # a crossing goes on while its estimate holds, for as long as its moves may wait on a cooldown
-        crossing = (state.last_move_condition is Condition.AGGREGATION_PAYS and state.last_move_at is not None
-                    and now - state.last_move_at <= max(s.window_s, s.cooldown_s))
+        crossing = state.moved_for_lately(Condition.AGGREGATION_PAYS, now, s)
         # a split sized by the profile goes on the same way (within the SLO itself, not ``headroom``: a band)
-        splitting = (state.last_move_condition is Condition.DISAGGREGATION_PAYS and state.last_move_at is not None
-                     and now - state.last_move_at <= max(s.window_s, s.cooldown_s))
+        splitting = state.moved_for_lately(Condition.DISAGGREGATION_PAYS, now, s)
         if state.first_step_at is None:
             state.first_step_at = now
-        # the load rates size the split: not before they cover a whole window (the output rate lags the prompts')
-        split = estimate_split(model, current.total, s) if now - state.first_step_at >= s.window_s else None
         if splitting and state.split_target is not None:
             # the split sized when it started, while it still holds the load within the SLO itself
             split = resized(state.split_target, model, s)
+        elif now - state.first_step_at >= s.window_s:
+            # the load rates size the split: not before they cover a whole window (the output rate lags the prompts')
+            split = estimate_split(model, current.total, s)
+        else:
+            split = None
         p = with_split(p, split, s)
         quota: dict[WorkerRole, int] | None = None
         if aggregation_pays(p, estimate, s, disaggregated=disaggregated, crossing=crossing):
