@@ -78,6 +78,13 @@ class MixedEstimate:
         return (self.itl_ms is not None and self.itl_ms <= itl_margin * itl_target_ms
                 and self.prefill_busy <= busy_max)
 
+    def dearer(self, factor: float) -> MixedEstimate:
+        """The estimate with its mean step ``factor`` times longer (``calibration.py``: the profile checked against
+        the ITL the ``both`` workers showed). The prompt share and the batch are left as estimated."""
+        if factor == 1.0 or self.itl_ms is None:
+            return self
+        return MixedEstimate(self.itl_ms * factor, self.prefill_busy, self.batch)
+
 
 def aggregated_estimate(profile: EngineProfile, workers: int, prompt_tokens_per_s: float,
                         output_tokens_per_s: float, *, iterations: int = 60) -> MixedEstimate:

@@ -83,7 +83,9 @@ How it decides, per served model, at every step:
    profile, or without the load rates, it never holds. The moves to ``both`` are taken only with
    ``allow_aggregated``. ``disaggregation_pays`` is the way back with a profile: from the same evidence as
    ``mixing_costly`` it goes straight to the split the profile sizes, where ``mixing_costly`` (without a profile)
-   moves one step at a time and waits out a settling window after each. ``mixing_costly`` is the way back: "aggregation
+   moves one step at a time and waits out a settling window after each. Both read the mixed-step estimate times the
+   model's *mixing correction* (``calibration.py``): a settled window of every worker ``both`` whose ITL percentile
+   is beyond the estimate's margin shows the profile underprices mixing, and by how much. ``mixing_costly`` is the way back: "aggregation
    does not pay". A ``both`` worker mixes prefill chunks into its decode steps; while prompts keep arriving (prefill
    busy) and the decode side's batches and KV are far from full, an ITL over its SLO is those mixed steps, not decode
    work, so the answer is to split the ``both`` workers again, not to take prefill workers for decode (which leaves
@@ -124,8 +126,8 @@ How it decides, per served model, at every step:
    the next removal then needs ``hysteresis_steps`` fresh steps).
 
 The state the planner keeps: per model the current condition's streak, the scale-down streak, the worker named to
-drain, the last move (time, condition), the last ``mixing_costly`` split and the prefill queue's samples since the
-serving layout changed; per worker the time of its last move. Everything else is a function of ``signals`` and ``now``.
+drain, the last move (time, condition), the last ``mixing_costly`` split, the prefill queue's samples since the
+serving layout changed and the mixing correction (and when it last rose); per worker the time of its last move. Everything else is a function of ``signals`` and ``now``.
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from litellm_disagg.planner.calibration import mixing_correction
 from litellm_disagg.planner.mixing import (
     MixedEstimate,
     SplitEstimate,
@@ -195,6 +198,9 @@ class Pressures:
     decode; None: no profile, no load rates, or no split holds the load."""
     split_itl_ratio: float | None = None
     """That split's estimated decode ITL over its SLO."""
+    mixing_correction: float | None = None
+    """The factor the aggregated estimate's ITL is multiplied by (``calibration.py``: 1.0 until a window of every
+    worker ``both`` showed an ITL beyond the estimate's margin); None: no engine profile."""
 
     def as_fields(self) -> dict[str, float | str | None]:
         """Flat fields for a log line or a metric (names are the ``planner_signal`` label values)."""
@@ -215,6 +221,7 @@ class Pressures:
             "aggregated_busy": _round(self.aggregated_busy),
             "split_prefill": None if self.split_prefill is None else float(self.split_prefill),
             "split_itl_ratio": _round(self.split_itl_ratio),
+            "mixing_correction": _round(self.mixing_correction),
         }
 
 
@@ -304,6 +311,10 @@ class _ModelState:
     """When the planner first saw the model (its load rates cover a whole window only ``window_s`` later)."""
     split_target: SplitEstimate | None = None
     """The split ``disaggregation_pays`` sized when it started (its moves go on toward it)."""
+    mixing_correction: float = 1.0
+    """What the aggregated estimate's ITL is multiplied by (``calibration.mixing_correction``)."""
+    correction_rose_at: float | None = None
+    """When ``mixing_correction`` last rose (a crossing decided before then trusted a refuted estimate)."""
     def moved_for_lately(self, condition: Condition, now: float, settings: PlannerSettings) -> bool:
         """The last move was ``condition``'s, within ``max(window_s, cooldown_s)``: a crossing or a sized split
         goes on for as long as its moves may wait on a cooldown."""
@@ -392,12 +403,26 @@ def estimate_aggregated(model: ModelSignals, workers: int, settings: PlannerSett
     return aggregated_estimate(profile, workers, model.prompt_tokens_per_s, model.output_tokens_per_s)
 
 
-def with_estimate(p: Pressures, estimate: MixedEstimate | None, settings: PlannerSettings) -> Pressures:
+def with_estimate(p: Pressures, estimate: MixedEstimate | None, settings: PlannerSettings,
+                  correction: float = 1.0) -> Pressures:
     """``p`` with the aggregated estimate's terms (for the decision's log line and metrics)."""
+    if settings.engine_profile is not None:
+        p = replace(p, mixing_correction=correction)
     if estimate is None:
         return p
     itl = math.inf if estimate.itl_ms is None else estimate.itl_ms / settings.itl_ms
     return replace(p, aggregated_itl_ratio=itl, aggregated_busy=estimate.prefill_busy)
+
+
+def all_both_settled(model: ModelSignals, layout: DesiredPools, state: _ModelState, now: float,
+                     settings: PlannerSettings) -> bool:
+    """Every active worker of the model is ``both``, none is flipping, and the latency window holds only this
+    layout's requests (a whole ``window_s`` since the model was first seen and since its last move): the one layout
+    whose ITL the aggregated estimate predicts (``calibration.py``)."""
+    if layout.total == 0 or layout.both != layout.total or model.flipping:
+        return False
+    since = state.last_move_at if state.last_move_at is not None else state.first_step_at
+    return since is not None and now - since >= settings.window_s
 
 
 def estimate_split(model: ModelSignals, workers: int, settings: PlannerSettings) -> SplitEstimate | None:
@@ -601,9 +626,13 @@ _UNNEEDED = (Condition.LOW_LOAD, Condition.TRANSFER_COSTLY)
 disaggregation that did not pay."""
 
 
-def splits_back(src: WorkerRole, condition: Condition, moved_for: Condition | None = None) -> bool:
+def splits_back(src: WorkerRole, condition: Condition, moved_for: Condition | None = None, *,
+                refuted: bool = False) -> bool:
     """Whether a move out of ``both`` for ``condition`` may skip the cooldown. ``moved_for``: the condition of the
-    worker's own move into ``both`` while its cooldown runs (None: not known, or the cooldown is over).
+    worker's own move into ``both`` while its cooldown runs (None: not known, or the cooldown is over). ``refuted``:
+    that move was ``aggregation_pays``'s and the mixing correction rose after it (``calibration.py``: the estimate
+    the crossing trusted was shown wrong on the layout it made), so the cooldown would only keep a layout known to
+    break the ITL.
 
     ``prefill_bound`` (prefill over its SLO): always. ``mixing_costly`` (the ITL over its SLO from mixed steps):
     only when no side needed the move into ``both`` (``low_load``, ``transfer_costly``, or not known): that move
@@ -618,7 +647,8 @@ def splits_back(src: WorkerRole, condition: Condition, moved_for: Condition | No
     if condition is Condition.PREFILL_BOUND:
         return True
     return (condition in (Condition.MIXING_COSTLY, Condition.DISAGGREGATION_PAYS)
-            and (moved_for is None or moved_for in _UNNEEDED))
+            and (moved_for is None or moved_for in _UNNEEDED
+                 or (refuted and moved_for is Condition.AGGREGATION_PAYS)))
 
 
 def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settings: PlannerSettings) -> int:
@@ -711,14 +741,22 @@ class Planner:
         if state.split_at is not None and now - state.split_at < s.window_s and current.both == 0:
             p = without_itl(p)
         disaggregated = current.prefill + current.decode > 0
+        if state.first_step_at is None:
+            state.first_step_at = now
         estimate = estimate_aggregated(model, current.total, s)
-        p = with_estimate(p, estimate, s)
+        if estimate is not None and all_both_settled(model, current, state, now, s):
+            ratio = model.itl.ratio(s.itl_ms, s.min_samples)
+            correction = mixing_correction(
+                state.mixing_correction, None if ratio is None else ratio * s.itl_ms, estimate.itl_ms, s.headroom)
+            if correction > state.mixing_correction:
+                state.correction_rose_at = now
+            state.mixing_correction = correction
+        estimate = None if estimate is None else estimate.dearer(state.mixing_correction)
+        p = with_estimate(p, estimate, s, state.mixing_correction)
         # a crossing goes on while its estimate holds, for as long as its moves may wait on a cooldown
         crossing = state.moved_for_lately(Condition.AGGREGATION_PAYS, now, s)
         # a split sized by the profile goes on the same way (within the SLO itself, not ``headroom``: a band)
         splitting = state.moved_for_lately(Condition.DISAGGREGATION_PAYS, now, s)
-        if state.first_step_at is None:
-            state.first_step_at = now
         if splitting and state.split_target is not None:
             # the split sized when it started, while it still holds the load within the SLO itself
             split = resized(state.split_target, model, s)
@@ -777,7 +815,7 @@ class Planner:
             else:
                 limit = wanted_moves(condition, p, model, s)
                 moves, layout, held, no_candidate = self._pick_moves(model, condition, routes, layout, now, limit,
-                                                                     quota)
+                                                                     quota, state.correction_rose_at)
                 if moves:
                     state.streak = 0
                     state.last_move_at = now
@@ -793,8 +831,10 @@ class Planner:
 
     def _pick_moves(self, model: ModelSignals, condition: Condition, routes: list[tuple[WorkerRole, WorkerRole]],
                     layout: DesiredPools, now: float, limit: int,
-                    quota: dict[WorkerRole, int] | None = None) -> tuple[list[RoleMove], DesiredPools, str | None, bool]:
-        """Up to ``limit`` moves along ``routes`` in order; ``quota``: at most that many into each role named."""
+                    quota: dict[WorkerRole, int] | None = None, corrected_at: float | None = None,
+                    ) -> tuple[list[RoleMove], DesiredPools, str | None, bool]:
+        """Up to ``limit`` moves along ``routes`` in order; ``quota``: at most that many into each role named;
+        ``corrected_at``: when the model's mixing correction last rose (``splits_back``)."""
         s = self._settings
         moves: list[RoleMove] = []
         blocked: set[str] = set()
@@ -817,7 +857,9 @@ class Planner:
                 any_candidate = True
                 last = self._state.last_move.get(worker.worker_id)
                 moved_for = self._state.moved_for.get(worker.worker_id)
-                if last is not None and now - last < s.cooldown_s and not splits_back(src, condition, moved_for):
+                refuted = corrected_at is not None and last is not None and corrected_at > last
+                if (last is not None and now - last < s.cooldown_s
+                        and not splits_back(src, condition, moved_for, refuted=refuted)):
                     blocked.add("cooldown")
                     continue
                 moves.append(RoleMove(worker.worker_id, model.model, src, dst, condition))
