@@ -46,3 +46,19 @@ def test_the_command_measures_a_real_engine(worker):
     tokens = [p["prompt_tokens"] for p in out["prefill_points"]]
     assert 0.8 * 128 < tokens[0] < 1.25 * 128 and 0.8 * 768 < tokens[1] < 1.25 * 768
     assert PlannerSettings.model_validate({"engine_profile": out["engine_profile"]}).engine_profile == profile
+
+
+def test_the_mixing_check_serves_a_mixed_load_on_a_real_engine(worker):
+    """``--check-load``: prompts arriving while earlier requests decode, streamed through the real engine; the
+    check's figures come out (no timing asserted: what it measured is in docs/benchmarks.md)."""
+    argv = [sys.executable, "-m", "litellm_disagg.cli", "profile", "--url", worker.url,
+            "--max-num-batched-tokens", "512", "--batches", "1,4", "--output-tokens", "8",
+            "--prompt-tokens", "128,512", "--repeats", "1", "--check-load", "2", "--check-seconds", "4",
+            "--check-prompt-tokens", "256", "--check-output-tokens", "12", "--json"]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    [check] = json.loads(run.stdout)["mixing_checks"]
+    assert check["requests"] >= 1 and check["itl_p_ms"] > 0 and check["correction"] >= 1.0
+    # the prompts the length asked for, as the engine counted them; every request's 12 tokens
+    assert 0.8 * 256 < check["prompt_tokens_per_s"] * 4 / check["requests"] < 1.25 * 256
+    assert check["output_tokens_per_s"] * 4 == 12 * check["requests"]

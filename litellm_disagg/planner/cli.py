@@ -151,6 +151,15 @@ def add_profile_parser(sub: Any) -> None:
                         "(default 1; on noisy hardware 3 or more)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
     p.add_argument("--json", action="store_true", help="print the profile and the points as JSON")
+    p.add_argument("--check-load", help="then serve a mixed load at each of these request rates (comma-separated, "
+                                        "requests/s) and compare the ITL with the profile's estimate "
+                                        "(planner/mixing_check.py)")
+    p.add_argument("--check-prompt-tokens", type=int, default=512, help="prompt tokens per check request (512)")
+    p.add_argument("--check-output-tokens", type=int, default=64, help="output tokens per check request (64)")
+    p.add_argument("--check-seconds", type=float, default=30.0, help="seconds of arrivals per check load (30)")
+    p.add_argument("--headroom", type=float, default=0.7,
+                   help="the planner's headroom: the share of the ITL SLO it holds the estimate under (0.7)")
+    p.add_argument("--quantile", type=float, default=0.9, help="the ITL percentile compared (0.9)")
 
 
 def run_profile(args: argparse.Namespace) -> int:
@@ -163,6 +172,7 @@ def run_profile(args: argparse.Namespace) -> int:
     import httpx
     from pydantic import ValidationError
 
+    from litellm_disagg.planner.mixing_check import MixedLoad, MixingCheck, check_mixing, render_checks
     from litellm_disagg.planner.profile_fit import ProfileFitError, median_profile
     from litellm_disagg.planner.profiler import (
         ProfileError,
@@ -172,6 +182,7 @@ def run_profile(args: argparse.Namespace) -> int:
         plan_from,
         render_points,
         render_yaml,
+        served_model,
     )
 
     try:
@@ -180,18 +191,27 @@ def run_profile(args: argparse.Namespace) -> int:
                          parse_sizes(args.prompt_tokens) if args.prompt_tokens else None, args.repeats)
         if args.runs < 1:
             raise ValueError(f"--runs must be at least 1, got {args.runs}")
+        loads = [MixedLoad(requests_per_s=rate, prompt_tokens=args.check_prompt_tokens,
+                           output_tokens=args.check_output_tokens, seconds=args.check_seconds)
+                 for rate in parse_rates(args.check_load)] if args.check_load else []
+        if not (0 < args.headroom < 1 and 0 < args.quantile < 1):
+            raise ValueError("--headroom and --quantile must be between 0 and 1")
     except (ValueError, ValidationError) as exc:
         print(f"litellm-disagg profile: bad arguments: {exc}", file=sys.stderr)
         return 2
     target = ProfileTarget.of(args.url, args.model, args.api_key)
 
-    async def measure() -> Any:
+    async def measure() -> tuple[list[Any], Any, list[MixingCheck]]:
         async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout)) as client:
-            return [await measure_profile(client, target, plan) for _ in range(args.runs)]
+            fits = [await measure_profile(client, target, plan) for _ in range(args.runs)]
+            profile = median_profile(fits)
+            model = (await served_model(client, target)).name
+            checks = [await check_mixing(client, target, model, profile, load, quantile=args.quantile,
+                                         margin=args.headroom) for load in loads]
+            return fits, profile, checks
 
     try:
-        fits = asyncio.run(measure())
-        profile = median_profile(fits)
+        fits, profile, checks = asyncio.run(measure())
     except (ProfileError, ProfileFitError, httpx.HTTPError) as exc:
         print(f"litellm-disagg profile: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
@@ -206,7 +226,7 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.json:
         # the top level: the median profile, and the first run's lines and points (one run: that run's everything)
         print(json.dumps({**run_json(fits[0]), "engine_profile": profile.model_dump(),
-                          "runs": [run_json(fit) for fit in fits]}))
+                          "runs": [run_json(fit) for fit in fits], "mixing_checks": [check_json(c) for c in checks]}))
     else:
         for i, fit in enumerate(fits, 1):
             if len(fits) > 1:
@@ -215,5 +235,27 @@ def run_profile(args: argparse.Namespace) -> int:
             sys.stderr.writelines(f"warning: {line}\n" for line in fit.warnings())
         if len(fits) > 1:
             sys.stderr.write(f"the profile below: each number's median over the {len(fits)} runs\n")
+        if checks:
+            sys.stderr.write(render_checks(checks))
         sys.stdout.write(render_yaml(dataclasses.replace(fits[0], profile=profile)))
     return 0
+
+
+def check_json(check: Any) -> dict[str, Any]:
+    """One ``MixingCheck`` as the ``--json`` output's ``mixing_checks`` entry."""
+    return {"load": check.load.model_dump(), "requests": check.requests,
+            "prompt_tokens_per_s": check.prompt_tokens_per_s, "output_tokens_per_s": check.output_tokens_per_s,
+            "itl_p50_ms": check.itl_p50_ms, "itl_p_ms": check.itl_p_ms, "quantile": check.quantile,
+            "estimated_itl_ms": check.estimate.itl_ms, "estimated_prefill_busy": check.estimate.prefill_busy,
+            "margin": check.margin, "factor": check.factor, "correction": check.correction}
+
+
+def parse_rates(text: str) -> list[float]:
+    """'0.5,1' -> [0.5, 1.0]; each above 0."""
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise ValueError(f"--check-load: not a comma-separated list of rates: {text!r}") from exc
+    if not rates or any(r <= 0 for r in rates):
+        raise ValueError(f"--check-load: rates must be above 0: {text!r}")
+    return rates

@@ -105,7 +105,7 @@ def _check(r: httpx.Response) -> None:
         raise ProfileError(f"{r.request.method} {r.request.url} answered {r.status_code}: {r.text[:300]}")
 
 
-class _Words:
+class Words:
     """Random lowercase words: every prompt is new to the engine's prefix cache."""
 
     def __init__(self, seed: int | None) -> None:
@@ -125,10 +125,21 @@ async def _complete(client: httpx.AsyncClient, target: ProfileTarget, body: dict
     return answer
 
 
-async def _tpot_ms(client: httpx.AsyncClient, target: ProfileTarget, body: dict[str, Any]) -> float | None:
-    """One streamed completion's time per output token after its first, in ms (None: fewer than 2 tokens)."""
+@dataclass(frozen=True)
+class StreamedAnswer:
+    """One streamed completion as measured: its time per output token after its first (TPOT, ms; None: fewer than 2
+    tokens), and the tokens the engine counted (``usage``; None when the stream carried none)."""
+
+    tpot_ms: float | None
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
+async def streamed(client: httpx.AsyncClient, target: ProfileTarget, body: dict[str, Any]) -> StreamedAnswer:
+    """Send one streamed completion (``body`` with ``stream`` and ``stream_options.include_usage``) and time it."""
     first: float | None = None
     last: float | None = None
+    prompt: int | None = None
     tokens: int | None = None
     chunks = 0
     async with client.stream("POST", f"{target.base_url}/completions", json=body, headers=target.headers) as r:
@@ -147,14 +158,20 @@ async def _tpot_ms(client: httpx.AsyncClient, target: ProfileTarget, body: dict[
             usage = event.get("usage")
             if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
                 tokens = usage["completion_tokens"]
+                prompt = usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None
     count = tokens if tokens is not None else chunks
     if first is None or last is None or count < 2 or last <= first:
-        return None
-    return (last - first) * 1000.0 / (count - 1)
+        return StreamedAnswer(None, prompt, tokens)
+    return StreamedAnswer((last - first) * 1000.0 / (count - 1), prompt, tokens)
+
+
+async def _tpot_ms(client: httpx.AsyncClient, target: ProfileTarget, body: dict[str, Any]) -> float | None:
+    """One streamed completion's time per output token after its first, in ms (None: fewer than 2 tokens)."""
+    return (await streamed(client, target, body)).tpot_ms
 
 
 async def measure_decode(client: httpx.AsyncClient, target: ProfileTarget, model: str, plan: ProfilePlan,
-                         words: _Words) -> list[DecodePoint]:
+                         words: Words) -> list[DecodePoint]:
     points: list[DecodePoint] = []
     for batch in plan.batches:
         per_repeat: list[float] = []
@@ -171,11 +188,9 @@ async def measure_decode(client: httpx.AsyncClient, target: ProfileTarget, model
 
 
 async def measure_prefill(client: httpx.AsyncClient, target: ProfileTarget, served: ServedModel, plan: ProfilePlan,
-                          words: _Words) -> list[PrefillPoint]:
+                          words: Words) -> list[PrefillPoint]:
     lengths = plan.prompt_tokens or default_prompt_tokens(served.max_model_len)
-    # how many tokens a random word makes with this tokenizer (the engine counts them: usage.prompt_tokens)
-    probe = await _complete(client, target, {"model": served.name, "prompt": words.text(200), "max_tokens": 1})
-    per_word = max(0.1, probe["usage"]["prompt_tokens"] / 200)
+    per_word = await tokens_per_word(client, target, served.name, words)
     limit = None if served.max_model_len is None else served.max_model_len - 8
     points: list[PrefillPoint] = []
     for length in lengths:
@@ -194,6 +209,12 @@ async def measure_prefill(client: httpx.AsyncClient, target: ProfileTarget, serv
     return points
 
 
+async def tokens_per_word(client: httpx.AsyncClient, target: ProfileTarget, model: str, words: Words) -> float:
+    """How many tokens a random word makes with the worker's tokenizer (the engine counts them: usage)."""
+    probe = await _complete(client, target, {"model": model, "prompt": words.text(200), "max_tokens": 1})
+    return max(0.1, probe["usage"]["prompt_tokens"] / 200)
+
+
 def default_prompt_tokens(max_model_len: int | None) -> tuple[int, ...]:
     """A quarter and three quarters of the context, at most 8,192 tokens (2,048 when the context is not known)."""
     top = min(8192, max_model_len if max_model_len is not None else 2048)
@@ -203,7 +224,7 @@ def default_prompt_tokens(max_model_len: int | None) -> tuple[int, ...]:
 async def measure_profile(client: httpx.AsyncClient, target: ProfileTarget, plan: ProfilePlan) -> ProfileFit:
     """Measure and fit (the module docstring). One warm-up request first (an engine's first step may compile)."""
     served = await served_model(client, target)
-    words = _Words(plan.seed)
+    words = Words(plan.seed)
     await _complete(client, target, {"model": served.name, "prompt": words.text(16), "max_tokens": 4})
     decode = await measure_decode(client, target, served.name, plan, words)
     prefill = await measure_prefill(client, target, served, plan, words)

@@ -203,3 +203,67 @@ async def test_the_command_prints_the_profile_and_fails_cleanly(sim_worker, caps
     assert await asyncio.to_thread(main, ["profile", "--url", "http://127.0.0.1:9", "--max-num-batched-tokens",
                                           "2048", "--runs", "0"]) == 2
     assert "--runs" in capsys.readouterr().err
+    for bad_rate in ("0", "x", "1,-2"):
+        assert await asyncio.to_thread(main, ["profile", "--url", "http://127.0.0.1:9", "--max-num-batched-tokens",
+                                              "2048", "--check-load", bad_rate]) == 2
+        assert "--check-load" in capsys.readouterr().err
+    # the mixing check after the profile: one entry per load in the JSON, the table on stderr without --json
+    checked = argv[:-1] + ["--check-load", "2", "--check-seconds", "3", "--check-prompt-tokens", "1024", "--json"]
+    assert await asyncio.to_thread(main, checked) == 0
+    out = json.loads(capsys.readouterr().out)
+    [entry] = out["mixing_checks"]
+    assert entry["load"]["requests_per_s"] == 2.0 and entry["margin"] == 0.7 and entry["quantile"] == 0.9
+    assert entry["requests"] >= 1 and entry["estimated_itl_ms"] > 0 and entry["correction"] >= 1.0
+    assert await asyncio.to_thread(main, checked[:-1]) == 0
+    assert "mixing check (ITL p90" in capsys.readouterr().err
+
+
+def test_the_mixing_check_summarizes_a_load_against_the_profile():
+    """Pure: the rates are the engine's token counts over the arrival window, the percentile the planner's, and the
+    factor the one the planner's own check computes (``calibration.py``)."""
+    from litellm_disagg.planner.mixing import aggregated_estimate
+    from litellm_disagg.planner.mixing_check import MixedLoad, arrival_times, summarize
+    from litellm_disagg.planner.profiler import StreamedAnswer
+
+    profile = EngineProfile(weight_read_ms=20.0, per_sequence_ms=0.2, prefill_tokens_per_s=20_000.0,
+                            max_num_batched_tokens=2048)
+    load = MixedLoad(requests_per_s=2.0, prompt_tokens=1000, output_tokens=50, seconds=10.0)
+    answers = [StreamedAnswer(30.0 + i, 1000, 50) for i in range(20)] + [StreamedAnswer(None, 1000, 1)]
+    check = summarize(load, answers, profile, quantile=0.9, margin=0.7)
+    assert check.requests == 20 and check.prompt_tokens_per_s == pytest.approx(2100.0)
+    assert check.output_tokens_per_s == pytest.approx(100.1)
+    assert check.estimate == aggregated_estimate(profile, 1, 2100.0, 100.1)
+    assert check.itl_p_ms is not None and 46.0 < check.itl_p_ms <= 49.0  # the window's percentiles (LatencyWindow.of)
+    assert check.itl_p50_ms is not None and 39.0 <= check.itl_p50_ms <= 39.5
+    assert check.estimate.itl_ms is not None
+    assert check.factor == pytest.approx(check.itl_p_ms * 0.7 / check.estimate.itl_ms)
+    assert check.factor is not None and check.factor > 1.0 and check.correction == pytest.approx(check.factor)
+    # judged against a dearer profile the same window is within the margin: no correction
+    dearer = check.against(profile.model_copy(update={"weight_read_ms": 40.0}))
+    assert dearer.factor is not None and dearer.factor < 1.0 and dearer.correction == 1.0
+    # seeded arrivals at the rate
+    times = arrival_times(MixedLoad(requests_per_s=4.0, seconds=50.0, seed=3))
+    assert times == arrival_times(MixedLoad(requests_per_s=4.0, seconds=50.0, seed=3)) and 150 < len(times) < 250
+    assert all(0 <= t < 50.0 for t in times) and times == sorted(times)
+
+
+async def test_the_mixing_check_on_a_simulated_worker_catches_a_profile_that_underprices_mixing(sim_worker):
+    """The simulated engine mixes prompt chunks into its decode steps as ``mixing.py`` models it: with the profile
+    measured on it the check's factor is near or under 1 (wide bounds: a busy machine lengthens steps); a profile
+    that prices mixing at half its cost is caught (factor over 1, a correction the planner would learn)."""
+    from litellm_disagg.planner.mixing_check import MixedLoad, check_mixing
+
+    plan = ProfilePlan(max_num_batched_tokens=2048, batches=(1, 4, 16), output_tokens=24, repeats=1)
+    target = ProfileTarget.of(sim_worker.base_url)
+    async with httpx.AsyncClient(timeout=60) as client:
+        fit = await measure_profile(client, target, plan)
+        model = (await client.get(f"{target.base_url}/models")).json()["data"][0]["id"]
+        check = await check_mixing(client, target, model, fit.profile,
+                                   MixedLoad(requests_per_s=4.0, prompt_tokens=4096, output_tokens=48, seconds=8.0))
+    assert check.requests >= 10 and check.estimate.itl_ms is not None
+    assert 3000 < check.prompt_tokens_per_s / 4.0 * 8.0 / check.load.seconds < 5000  # ~4,096 tokens a prompt
+    assert check.factor is not None and 0.4 < check.factor < 1.3
+    cheap = check.against(fit.profile.model_copy(update={
+        "weight_read_ms": fit.profile.weight_read_ms / 2, "per_sequence_ms": fit.profile.per_sequence_ms / 2,
+        "prefill_tokens_per_s": fit.profile.prefill_tokens_per_s * 2}))
+    assert cheap.factor is not None and cheap.factor > 1.2 and cheap.correction == pytest.approx(cheap.factor)
