@@ -11,7 +11,8 @@ finds them and ``jq`` reads them::
                       "decode_kv_usage": 0.41, "decode_occupancy": null}
 
 Layouts are ``[prefill, decode, both]``. A line is written at INFO when the step moves a worker or changes the
-desired sizes, the worker named to drain or the condition; at DEBUG otherwise (every step).
+desired sizes, the worker named to drain, the condition or the mixing correction (``calibration.py``: the engine
+profile found to underprice mixing); at DEBUG otherwise (every step).
 
 Metrics (``observability/metrics.py``): ``litellm_disagg_planner_decisions_total{model,action}`` (``role_change``
 per move, ``scale_up`` / ``scale_down`` when the desired total grows / shrinks), ``..._desired_workers{model,role}``
@@ -77,7 +78,8 @@ class PlannerReport:
         self._last[decision.model] = decision
         changed = bool(decision.moves) or previous is None or (
             previous.desired != decision.desired or previous.condition is not decision.condition
-            or previous.drain != decision.drain)
+            or previous.drain != decision.drain
+            or previous.pressures.mixing_correction != decision.pressures.mixing_correction)
         line = "planner decision " + json.dumps(decision_fields(decision, signals), separators=(",", ":"))
         logger.log(logging.INFO if changed else logging.DEBUG, line)
         model = decision.model

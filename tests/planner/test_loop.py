@@ -250,6 +250,12 @@ def test_report_logs_at_info_only_what_changed(caplog: pytest.LogCaptureFixture)
         report.decided(decision, quiet.models[0])
         levels.append(caplog.records[-1].levelno)
     assert levels == [logging.INFO, logging.DEBUG, logging.DEBUG]
+    # a mixing correction that changes (the engine profile checked against the ITL) is worth an INFO line too
+    from dataclasses import replace
+
+    corrected = replace(decision, pressures=replace(decision.pressures, mixing_correction=1.4))
+    assert report.decided(corrected, quiet.models[0]) and caplog.records[-1].levelno == logging.INFO
+    assert '"mixing_correction":1.4' in caplog.records[-1].getMessage()
 
 
 async def test_two_planners_on_consul_the_holder_dies_the_other_acts(tmp_path: Path) -> None:
