@@ -15,6 +15,9 @@ from litellm_disagg.planner.mixing import EngineProfile, aggregated_estimate
 from litellm_disagg.planner.signals import WorkerSignals
 from litellm_disagg.runtime_config import WorkerRole
 
+from .test_policy_split_sized import layout
+from .test_policy_split_sized import settings as split_settings
+
 P, D, B = WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.BOTH
 MODEL = "m"
 EXACT = EngineProfile(weight_read_ms=19.81, per_sequence_ms=0.19, prefill_tokens_per_s=20_000,
@@ -42,15 +45,8 @@ def test_the_correction_rises_at_once_falls_halfway_and_never_under_one() -> Non
 
 
 def settings(profile: EngineProfile | None, **kw: object) -> PlannerSettings:
-    base: dict[str, object] = {"ttft_ms": 2000, "itl_ms": 40, "hysteresis_steps": 2, "cooldown_s": 30,
-                               "min_samples": 1, "max_moves_per_step": 3, "window_s": 10, "engine_profile": profile}
-    base.update(kw)
-    return PlannerSettings.model_validate(base)
-
-
-def layout(prefill: int, decode: int, both: int) -> tuple[WorkerSignals, ...]:
-    roles = [B] * both + [P] * prefill + [D] * decode
-    return tuple(WorkerSignals(f"w{i}", MODEL, role) for i, role in enumerate(roles))
+    """The split tests' settings (a 40 ms ITL SLO, 10 s window) with a 30 s cooldown."""
+    return split_settings(profile, **{"cooldown_s": 30, **kw})
 
 
 def signals(workers: tuple[WorkerSignals, ...], itl_ms: float, rate: float = 20.0) -> ClusterSignals:
