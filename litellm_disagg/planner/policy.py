@@ -85,8 +85,8 @@ How it decides, per served model, at every step:
    ``mixing_costly`` it goes straight to the split the profile sizes, where ``mixing_costly`` (without a profile)
    moves one step at a time and waits out a settling window after each. Both read the mixed-step estimate times the
    model's *mixing correction* (``calibration.py``): a settled window of every worker ``both`` whose ITL percentile
-   is beyond the estimate's margin shows the profile underprices mixing, and by how much. ``mixing_costly`` is the way back: "aggregation
-   does not pay". A ``both`` worker mixes prefill chunks into its decode steps; while prompts keep arriving (prefill
+   is beyond the estimate's margin shows the profile underprices mixing, and by how much. ``mixing_costly`` is the
+   way back: "aggregation does not pay". A ``both`` worker mixes prefill chunks into its decode steps; while prompts keep arriving (prefill
    busy) and the decode side's batches and KV are far from full, an ITL over its SLO is those mixed steps, not decode
    work, so the answer is to split the ``both`` workers again, not to take prefill workers for decode (which leaves
    more prompts to the ``both`` workers and stretches the ITL further). It is checked first: an ITL breach beside
@@ -127,7 +127,8 @@ How it decides, per served model, at every step:
 
 The state the planner keeps: per model the current condition's streak, the scale-down streak, the worker named to
 drain, the last move (time, condition), the last ``mixing_costly`` split, the prefill queue's samples since the
-serving layout changed and the mixing correction (and when it last rose); per worker the time of its last move. Everything else is a function of ``signals`` and ``now``.
+serving layout changed and the mixing correction (and when it last rose); per worker the time of its last move.
+Everything else is a function of ``signals`` and ``now``.
 """
 
 from __future__ import annotations
@@ -315,6 +316,7 @@ class _ModelState:
     """What the aggregated estimate's ITL is multiplied by (``calibration.mixing_correction``)."""
     correction_rose_at: float | None = None
     """When ``mixing_correction`` last rose (a crossing decided before then trusted a refuted estimate)."""
+
     def moved_for_lately(self, condition: Condition, now: float, settings: PlannerSettings) -> bool:
         """The last move was ``condition``'s, within ``max(window_s, cooldown_s)``: a crossing or a sized split
         goes on for as long as its moves may wait on a cooldown."""
