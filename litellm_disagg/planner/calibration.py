@@ -19,6 +19,10 @@ corrects toward dearer mixing. A profile that overprices mixing costs at worst t
 underprices it crosses where mixing breaks the ITL, and a window of a well-served low load must not undo what a
 loaded window showed. So the correction rises at once to what a window shows, and falls halfway toward it (never
 under 1.0) on a window that shows less.
+
+The operator can make the same check before the planner is given the profile (``litellm-disagg profile
+--check-load``, ``mixing_check.py``); its largest correction is the profile's ``mixing_correction``, which the
+planner starts from and never goes under.
 """
 
 from __future__ import annotations
@@ -33,13 +37,14 @@ def observed_factor(observed_itl_ms: float, estimated_itl_ms: float, margin: flo
 
 
 def mixing_correction(previous: float, observed_itl_ms: float | None, estimated_itl_ms: float | None,
-                      margin: float) -> float:
+                      margin: float, floor: float = 1.0) -> float:
     """The correction after one settled window of every worker ``both``: up at once to the window's factor when that
-    is higher, else halfway down toward it, never under 1.0. ``previous`` when the window says nothing (no ITL
-    percentile, or no finite estimate: the workers would not keep up with their prompts)."""
+    is higher, else halfway down toward it, never under ``floor`` (1.0, or the profile's own ``mixing_correction``:
+    what the operator's check measured). ``previous`` when the window says nothing (no ITL percentile, or no finite
+    estimate: the workers would not keep up with their prompts)."""
     if observed_itl_ms is None or estimated_itl_ms is None:
-        return previous
+        return max(floor, previous)
     factor = observed_factor(observed_itl_ms, estimated_itl_ms, margin)
     if factor >= previous:
-        return factor
-    return max(1.0, previous - 0.5 * (previous - max(1.0, factor)))
+        return max(floor, factor)
+    return max(floor, previous - 0.5 * (previous - max(floor, factor)))

@@ -208,6 +208,9 @@ def run_profile(args: argparse.Namespace) -> int:
             model = (await served_model(client, target)).name
             checks = [await check_mixing(client, target, model, profile, load, quantile=args.quantile,
                                          margin=args.headroom) for load in loads]
+            if checks:
+                # the checked profile: the planner starts from the largest correction the loads showed
+                profile = profile.model_copy(update={"mixing_correction": max(c.correction for c in checks)})
             return fits, profile, checks
 
     try:

@@ -53,6 +53,10 @@ class EngineProfile(BaseModel):
     """Prompt tokens one worker computes per second in compute-bound (prefill-only) steps."""
     max_num_batched_tokens: Annotated[int, Field(ge=1)]
     """The step budget: prompt tokens plus one token per decoding sequence."""
+    mixing_correction: Annotated[float, Field(ge=1.0)] = 1.0
+    """What the planner multiplies the mixed-step estimate by from its first step: the largest correction
+    ``litellm-disagg profile --check-load`` found on this engine (``mixing_check.py``: its ITL percentile beyond the
+    estimate's margin under a mixed load). The planner's own check (``calibration.py``) raises it, never below it."""
 
     def step_ms(self, prefill_tokens: float, decode_sequences: float) -> float:
         """One step's time in milliseconds."""

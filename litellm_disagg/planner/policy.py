@@ -746,10 +746,13 @@ class Planner:
         if state.first_step_at is None:
             state.first_step_at = now
         estimate = estimate_aggregated(model, current.total, s)
-        if estimate is not None and all_both_settled(model, current, state, now, s):
+        if s.engine_profile is not None:
+            # the operator's check of the profile (``profile --check-load``) is where the correction starts
+            state.mixing_correction = max(state.mixing_correction, s.engine_profile.mixing_correction)
+        if estimate is not None and s.engine_profile is not None and all_both_settled(model, current, state, now, s):
             ratio = model.itl.ratio(s.itl_ms, s.min_samples)
-            correction = mixing_correction(
-                state.mixing_correction, None if ratio is None else ratio * s.itl_ms, estimate.itl_ms, s.headroom)
+            correction = mixing_correction(state.mixing_correction, None if ratio is None else ratio * s.itl_ms,
+                                           estimate.itl_ms, s.headroom, floor=s.engine_profile.mixing_correction)
             if correction > state.mixing_correction:
                 state.correction_rose_at = now
             state.mixing_correction = correction

@@ -214,6 +214,8 @@ async def test_the_command_prints_the_profile_and_fails_cleanly(sim_worker, caps
     [entry] = out["mixing_checks"]
     assert entry["load"]["requests_per_s"] == 2.0 and entry["margin"] == 0.7 and entry["quantile"] == 0.9
     assert entry["requests"] >= 1 and entry["estimated_itl_ms"] > 0 and entry["correction"] >= 1.0
+    # the checked profile carries the check's correction, for the planner to start from
+    assert out["engine_profile"]["mixing_correction"] == entry["correction"]
     assert await asyncio.to_thread(main, checked[:-1]) == 0
     assert "mixing check (ITL p90" in capsys.readouterr().err
 
