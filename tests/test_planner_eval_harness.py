@@ -258,3 +258,21 @@ def test_a_profile_that_underprices_mixing_is_corrected_by_the_itl_the_both_work
     assert Condition.DISAGGREGATION_PAYS in conditions
     assert result.pools[-1].both == 0
     assert slo.attainment(target, (r for r in result.requests if r.arrival >= 20.0)) >= 0.9
+
+
+def test_a_profile_checked_on_one_simulated_worker_carries_the_correction_its_loads_show():
+    # ``--check-profile``: one ``both`` worker of the simulated engine serves prompt-heavy loads, and the product's own
+    # summary (mixing_check.summarize) judges the profile; the largest correction goes into it. An optimistic
+    # profile needs more correction than the exact one at the same loads (same requests, a cheaper estimate).
+    from bench.planner_eval.profile import checked, misprofiled, profile_engine
+    from litellm_disagg.sim.settings import EngineSettings, TimingSettings
+
+    engine = EngineSettings()
+    exact = profile_engine(TimingSettings(), engine)
+    profile, checks = checked(exact, engine, (1.0, 2.0), seconds=30.0)
+    assert [c.load.requests_per_s for c in checks] == [1.0, 2.0] and all(c.requests > 10 for c in checks)
+    assert profile.mixing_correction == max(1.0, *(c.correction for c in checks))
+    assert profile.model_copy(update={"mixing_correction": 1.0}) == exact
+    optimistic, opt_checks = checked(misprofiled(exact, 0.8, 0.7, 1.25), engine, (1.0, 2.0), seconds=30.0)
+    assert [c.itl_p_ms for c in opt_checks] == [c.itl_p_ms for c in checks]
+    assert optimistic.mixing_correction > profile.mixing_correction >= 1.0

@@ -20,7 +20,7 @@ from bench.planner_eval import plots, report
 from bench.planner_eval.arms import all_arms, one_to_one
 from bench.planner_eval.cluster import ClusterConfig
 from bench.planner_eval.goodput import SearchSettings
-from bench.planner_eval.profile import misprofiled, profile_engine
+from bench.planner_eval.profile import checked, misprofiled, profile_engine
 from bench.planner_eval.run import goodput_table, shift_timeline
 from bench.planner_eval.slo import Slo
 from bench.planner_eval.workload import PHASES, Segment
@@ -57,6 +57,28 @@ def _profile(args: argparse.Namespace, engine: EngineSettings) -> EngineProfile 
     return misprofiled(profile, weight, per_seq, rate)
 
 
+def _checked(args: argparse.Namespace, profile: EngineProfile | None, engine: EngineSettings) -> EngineProfile | None:
+    """``--check-profile RATES``: the profile checked on one simulated ``both`` worker at those prompt-heavy rates
+    (``profile.checked``, as ``litellm-disagg profile --check-load``), carrying the largest correction."""
+    if args.check_profile is None:
+        return profile
+    if profile is None:
+        raise SystemExit("--check-profile needs --engine-profile")
+    try:
+        rates = [float(x) for x in args.check_profile.split(",")]
+    except ValueError:
+        raise SystemExit(f"--check-profile: comma-separated rates, got {args.check_profile!r}") from None
+    if not rates or any(r <= 0 for r in rates):
+        raise SystemExit(f"--check-profile: rates must be > 0, got {args.check_profile!r}")
+    profile, checks = checked(profile, engine, rates)
+    for c in checks:
+        factor = "n/a" if c.factor is None else f"{c.factor:.2f}"
+        print(f"profile check: {c.load.requests_per_s:g} req/s prompt-heavy on one worker: ITL p90 "
+              f"{c.itl_p_ms or 0:.1f} ms, estimate {c.estimate.itl_ms or float('nan'):.1f} ms, factor {factor}")
+    print(f"profile check: mixing_correction {profile.mixing_correction:.3f}\n")
+    return profile
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.planner_eval", description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
@@ -83,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-error", default=None, metavar="W,S,R",
                     help="with --engine-profile: multiply the profile's weight read, cost per sequence and prefill "
                          "rate by these factors (a profile measured wrong), e.g. 1.2,1,0.8")
+    ap.add_argument("--check-profile", default=None, metavar="RATES",
+                    help="with --engine-profile: check the profile on one simulated both worker at these "
+                         "prompt-heavy request rates (as litellm-disagg profile --check-load does on a real "
+                         "worker) and give the planner the largest correction found, e.g. 1,1.5,2")
     ap.add_argument("--first-tick-at-interval", action="store_true",
                     help="the planner's first step one interval after the load starts (the protocol before "
                          "2026-12-02) instead of with the first arrival")
@@ -98,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = EngineSettings(max_num_batched_tokens=args.max_num_batched_tokens)
     config = ClusterConfig(workers=args.workers, first_tick_s=None if args.first_tick_at_interval else 0.0,
                            engine=engine, planner_start=_layout(args.planner_start, args.workers),
-                           planner_profile=_profile(args, engine))
+                           planner_profile=_checked(args, _profile(args, engine), engine))
     arm_names = [a.name for a in all_arms(slo, config)]
     started = time.monotonic()
 

@@ -5,14 +5,22 @@ over a long prompt (its tokens over its time: the compute-bound rate). The step 
 
     python -m bench.planner_eval.profile [--max-num-batched-tokens N]     # prints the profile as YAML
 
-``misprofiled`` scales it (``python -m bench.planner_eval --engine-profile --profile-error W,S,R``).
+``misprofiled`` scales it (``python -m bench.planner_eval --engine-profile --profile-error W,S,R``); ``checked``
+checks it on one simulated ``both`` worker as ``litellm-disagg profile --check-load`` does on a real one
+(``--check-profile``).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
+from bench.planner_eval.cluster import Cluster, ClusterConfig
+from bench.planner_eval.policies import Static
+from bench.planner_eval.workload import PhaseName, Segment, schedule
 from litellm_disagg.planner.mixing import EngineProfile
+from litellm_disagg.planner.mixing_check import MixedLoad, MixingCheck, summarize
+from litellm_disagg.planner.profiler import StreamedAnswer
 from litellm_disagg.sim.settings import EngineSettings, TimingSettings
 from litellm_disagg.sim.timing import StepWork, TimingModel
 
@@ -40,6 +48,25 @@ def misprofiled(profile: EngineProfile, weight_read: float = 1.0, per_sequence: 
     return profile.model_copy(update={"weight_read_ms": profile.weight_read_ms * weight_read,
                                       "per_sequence_ms": profile.per_sequence_ms * per_sequence,
                                       "prefill_tokens_per_s": profile.prefill_tokens_per_s * prefill_rate})
+
+
+def checked(profile: EngineProfile, engine: EngineSettings, rates: Sequence[float], *, seconds: float = 60.0,
+            seed: int = 0, headroom: float = 0.7, quantile: float = 0.9,
+            phase: PhaseName = "prompt-heavy") -> tuple[EngineProfile, list[MixingCheck]]:
+    """``profile`` checked as ``litellm-disagg profile --check-load`` checks a real one: one ``both`` worker of the
+    simulated engine serves the phase at each of ``rates`` (requests/s) for ``seconds``, and the product's own
+    summary (``mixing_check.summarize``: the requests' TPOT percentile against the estimate) gives each load's
+    correction; the profile comes back with the largest as its ``mixing_correction``."""
+    checks: list[MixingCheck] = []
+    for rate in rates:
+        arrivals = schedule([Segment(phase, rate, seconds)], seed=seed)
+        result = Cluster(ClusterConfig(workers=1, engine=engine, seed=seed), Static(0, 0, 1)).run(arrivals)
+        answers = [StreamedAnswer(None if r.itl is None else r.itl * 1000.0, r.prompt,
+                                  r.output if r.finish is not None else 0) for r in result.requests]
+        load = MixedLoad(requests_per_s=rate, seconds=seconds, seed=seed)
+        checks.append(summarize(load, answers, profile, quantile=quantile, margin=headroom))
+    correction = max([1.0] + [c.correction for c in checks])
+    return profile.model_copy(update={"mixing_correction": correction}), checks
 
 
 def main(argv: list[str] | None = None) -> int:

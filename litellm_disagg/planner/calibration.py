@@ -18,11 +18,14 @@ correction factor (observed over expected latency, applied to its profile's pred
 corrects toward dearer mixing. A profile that overprices mixing costs at worst the no-profile behaviour; one that
 underprices it crosses where mixing breaks the ITL, and a window of a well-served low load must not undo what a
 loaded window showed. So the correction rises at once to what a window shows, and falls halfway toward it (never
-under 1.0) on a window that shows less.
+under 1.0) on a window that shows less, at most once per window.
 
 The operator can make the same check before the planner is given the profile (``litellm-disagg profile
---check-load``, ``mixing_check.py``); its largest correction is the profile's ``mixing_correction``, which the
-planner starts from and never goes under.
+--check-load``, ``mixing_check.py``); its largest correction is the profile's ``mixing_correction``, the planner's
+starting value, which its own windows then move as any other. Not a floor: one worker under Poisson arrivals shows
+a longer tail than a pool the router spreads the load over (on the simulated engine, a correction of 1.67 where
+the pool's windows showed none), and a correction too high lifts ``disaggregation_pays``'s burst guard, which
+reads the same estimate (docs/planner-evaluation.md, "The profile checked against the ITL").
 """
 
 from __future__ import annotations
@@ -37,14 +40,16 @@ def observed_factor(observed_itl_ms: float, estimated_itl_ms: float, margin: flo
 
 
 def mixing_correction(previous: float, observed_itl_ms: float | None, estimated_itl_ms: float | None,
-                      margin: float, floor: float = 1.0) -> float:
+                      margin: float, *, may_lower: bool = True) -> float:
     """The correction after one settled window of every worker ``both``: up at once to the window's factor when that
-    is higher, else halfway down toward it, never under ``floor`` (1.0, or the profile's own ``mixing_correction``:
-    what the operator's check measured). ``previous`` when the window says nothing (no ITL percentile, or no finite
-    estimate: the workers would not keep up with their prompts)."""
+    is higher, else (``may_lower``: the policy lowers it once per window, not at every step over the same requests)
+    halfway down toward it, never under 1.0. ``previous`` when the window says nothing (no ITL percentile, or no
+    finite estimate: the workers would not keep up with their prompts)."""
     if observed_itl_ms is None or estimated_itl_ms is None:
-        return max(floor, previous)
+        return previous
     factor = observed_factor(observed_itl_ms, estimated_itl_ms, margin)
     if factor >= previous:
-        return max(floor, factor)
-    return max(floor, previous - 0.5 * (previous - max(floor, factor)))
+        return factor
+    if not may_lower:
+        return previous
+    return max(1.0, previous - 0.5 * (previous - max(1.0, factor)))

@@ -56,7 +56,8 @@ class EngineProfile(BaseModel):
     mixing_correction: Annotated[float, Field(ge=1.0)] = 1.0
     """What the planner multiplies the mixed-step estimate by from its first step: the largest correction
     ``litellm-disagg profile --check-load`` found on this engine (``mixing_check.py``: its ITL percentile beyond the
-    estimate's margin under a mixed load). The planner's own check (``calibration.py``) raises it, never below it."""
+    estimate's margin under a mixed load). The planner's own check (``calibration.py``) then moves it as it moves
+    a correction it learnt itself."""
 
     def step_ms(self, prefill_tokens: float, decode_sequences: float) -> float:
         """One step's time in milliseconds."""

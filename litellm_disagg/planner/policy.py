@@ -316,6 +316,8 @@ class _ModelState:
     """What the aggregated estimate's ITL is multiplied by (``calibration.mixing_correction``)."""
     correction_rose_at: float | None = None
     """When ``mixing_correction`` last rose (a crossing decided before then trusted a refuted estimate)."""
+    correction_at: float | None = None
+    """When it last changed (it is lowered at most once per ``window_s``: the next window holds new requests)."""
 
     def moved_for_lately(self, condition: Condition, now: float, settings: PlannerSettings) -> bool:
         """The last move was ``condition``'s, within ``max(window_s, cooldown_s)``: a crossing or a sized split
@@ -745,16 +747,19 @@ class Planner:
         disaggregated = current.prefill + current.decode > 0
         if state.first_step_at is None:
             state.first_step_at = now
+            if s.engine_profile is not None:
+                # the operator's check of the profile (``profile --check-load``) is where the correction starts
+                state.mixing_correction = s.engine_profile.mixing_correction
         estimate = estimate_aggregated(model, current.total, s)
-        if s.engine_profile is not None:
-            # the operator's check of the profile (``profile --check-load``) is where the correction starts
-            state.mixing_correction = max(state.mixing_correction, s.engine_profile.mixing_correction)
-        if estimate is not None and s.engine_profile is not None and all_both_settled(model, current, state, now, s):
+        if estimate is not None and all_both_settled(model, current, state, now, s):
             ratio = model.itl.ratio(s.itl_ms, s.min_samples)
+            may_lower = state.correction_at is None or now - state.correction_at >= s.window_s
             correction = mixing_correction(state.mixing_correction, None if ratio is None else ratio * s.itl_ms,
-                                           estimate.itl_ms, s.headroom, floor=s.engine_profile.mixing_correction)
+                                           estimate.itl_ms, s.headroom, may_lower=may_lower)
             if correction > state.mixing_correction:
                 state.correction_rose_at = now
+            if correction != state.mixing_correction:
+                state.correction_at = now
             state.mixing_correction = correction
         estimate = None if estimate is None else estimate.dearer(state.mixing_correction)
         p = with_estimate(p, estimate, s, state.mixing_correction)

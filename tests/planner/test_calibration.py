@@ -42,10 +42,9 @@ def test_the_correction_rises_at_once_falls_halfway_and_never_under_one() -> Non
     # no percentile, or workers that would not keep up with their prompts (no finite estimate): unchanged
     assert mixing_correction(1.3, None, 21.0, 0.7) == 1.3
     assert mixing_correction(1.3, 60.0, None, 0.7) == 1.3
-    # the profile's own correction (``profile --check-load``) is a floor
-    assert mixing_correction(1.5, 15.0, 21.0, 0.7, floor=1.3) == pytest.approx(1.4)  # halfway toward the floor
-    assert mixing_correction(1.3, 15.0, 21.0, 0.7, floor=1.3) == 1.3
-    assert mixing_correction(1.0, None, None, 0.7, floor=1.3) == 1.3
+    # lowered at most once per window (the policy says when): up at once still
+    assert mixing_correction(2.0, 15.0, 21.0, 0.7, may_lower=False) == 2.0
+    assert mixing_correction(1.2, 60.0, 21.0, 0.7, may_lower=False) == pytest.approx(2.0)
 
 
 def settings(profile: EngineProfile | None, **kw: object) -> PlannerSettings:
@@ -153,19 +152,19 @@ def test_a_correction_outlives_the_layout_that_showed_it() -> None:
 
 def test_a_checked_profile_starts_the_planner_from_its_correction() -> None:
     """``profile --check-load`` writes the largest correction it found into the profile (``mixing_correction``): the
-    planner's estimate is that much dearer from its first step, before any all-``both`` window, and its own check
-    raises it but never lowers it below."""
+    planner's estimate is that much dearer from its first step, before any all-``both`` window; its own settled
+    windows then move it as any other (down halfway at most once per window, up at once)."""
     checked = OPTIMISTIC.model_copy(update={"mixing_correction": 1.3})
     raw = aggregated_estimate(OPTIMISTIC, 8, 20.0 * 4608, 20.0 * 80)
     assert raw.itl_ms is not None
-    workers = layout(4, 4, 0)
-    first = Planner(settings(checked)).step(signals(workers, itl_ms=30.0), 0.0).decision(MODEL)
+    first = Planner(settings(checked)).step(signals(layout(4, 4, 0), itl_ms=30.0), 0.0).decision(MODEL)
     assert first is not None and first.pressures.mixing_correction == 1.3
     assert first.pressures.aggregated_itl_ratio == pytest.approx(raw.itl_ms * 1.3 / 40)
-    # an all-``both`` window well within the margin: the correction stays at the profile's
     planner = warmed(Planner(settings(checked)), layout(0, 0, 8))
-    calm = planner.step(signals(layout(0, 0, 8), itl_ms=20.0), 0.0).decision(MODEL)
-    assert calm is not None and calm.pressures.mixing_correction == 1.3
-    # one beyond it raises it
-    hot = planner.step(signals(layout(0, 0, 8), itl_ms=64.0), 2.0).decision(MODEL)
+    calm = [planner.step(signals(layout(0, 0, 8), itl_ms=20.0), t).decision(MODEL) for t in (0.0, 2.0, 4.0)]
+    # a window well within the margin: halfway toward 1.0, then not again over the same window's requests
+    assert [d.pressures.mixing_correction for d in calm if d is not None] == pytest.approx([1.15, 1.15, 1.15])
+    again = planner.step(signals(layout(0, 0, 8), itl_ms=20.0), 10.0).decision(MODEL)
+    assert again is not None and again.pressures.mixing_correction == pytest.approx(1.075)
+    hot = planner.step(signals(layout(0, 0, 8), itl_ms=64.0), 12.0).decision(MODEL)
     assert hot is not None and hot.pressures.mixing_correction == pytest.approx(64.0 * 0.7 / raw.itl_ms)
