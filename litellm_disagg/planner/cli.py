@@ -229,7 +229,7 @@ def run_profile(args: argparse.Namespace) -> int:
     if args.json:
         # the top level: the median profile, and the first run's lines and points (one run: that run's everything)
         print(json.dumps({**run_json(fits[0]), "engine_profile": profile.model_dump(),
-                          "runs": [run_json(fit) for fit in fits], "mixing_checks": [check_json(c) for c in checks]}))
+                          "runs": [run_json(fit) for fit in fits], "mixing_checks": [c.as_json() for c in checks]}))
     else:
         for i, fit in enumerate(fits, 1):
             if len(fits) > 1:
@@ -242,15 +242,6 @@ def run_profile(args: argparse.Namespace) -> int:
             sys.stderr.write(render_checks(checks))
         sys.stdout.write(render_yaml(dataclasses.replace(fits[0], profile=profile)))
     return 0
-
-
-def check_json(check: Any) -> dict[str, Any]:
-    """One ``MixingCheck`` as the ``--json`` output's ``mixing_checks`` entry."""
-    return {"load": check.load.model_dump(), "requests": check.requests,
-            "prompt_tokens_per_s": check.prompt_tokens_per_s, "output_tokens_per_s": check.output_tokens_per_s,
-            "itl_p50_ms": check.itl_p50_ms, "itl_p_ms": check.itl_p_ms, "quantile": check.quantile,
-            "estimated_itl_ms": check.estimate.itl_ms, "estimated_prefill_busy": check.estimate.prefill_busy,
-            "margin": check.margin, "factor": check.factor, "correction": check.correction}
 
 
 def parse_rates(text: str) -> list[float]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import random
 from dataclasses import dataclass
 from typing import Annotated
@@ -89,6 +90,17 @@ class MixingCheck:
     def correction(self) -> float:
         """The correction the planner's check would learn from this window, starting from none."""
         return mixing_correction(1.0, self.itl_p_ms, self.estimate.itl_ms, self.margin)
+
+
+    def as_json(self) -> dict[str, object]:
+        """The ``--json`` output's ``mixing_checks`` entry (an estimate that would not keep up: nulls, not inf)."""
+        busy = self.estimate.prefill_busy
+        return {"load": self.load.model_dump(), "requests": self.requests,
+                "prompt_tokens_per_s": self.prompt_tokens_per_s, "output_tokens_per_s": self.output_tokens_per_s,
+                "itl_p50_ms": self.itl_p50_ms, "itl_p_ms": self.itl_p_ms, "quantile": self.quantile,
+                "estimated_itl_ms": self.estimate.itl_ms,
+                "estimated_prefill_busy": busy if math.isfinite(busy) else None,
+                "margin": self.margin, "factor": self.factor, "correction": self.correction}
 
 
 def summarize(load: MixedLoad, answers: list[StreamedAnswer], profile: EngineProfile, *, quantile: float = 0.9,

@@ -269,3 +269,21 @@ async def test_the_mixing_check_on_a_simulated_worker_catches_a_profile_that_und
         "weight_read_ms": fit.profile.weight_read_ms / 2, "per_sequence_ms": fit.profile.per_sequence_ms / 2,
         "prefill_tokens_per_s": fit.profile.prefill_tokens_per_s * 2}))
     assert cheap.factor is not None and cheap.factor > 1.2 and cheap.correction == pytest.approx(cheap.factor)
+
+
+def test_a_mixing_check_the_profile_says_would_not_keep_up_is_plain_json():
+    """A load past the profile's prompt capacity: no estimate, no factor, a correction of 1.0 (nothing learnt), and
+    JSON without a non-standard Infinity."""
+    from litellm_disagg.planner.mixing_check import MixedLoad, summarize
+    from litellm_disagg.planner.profiler import StreamedAnswer
+
+    profile = EngineProfile(weight_read_ms=20.0, per_sequence_ms=0.2, prefill_tokens_per_s=1_000.0,
+                            max_num_batched_tokens=512)
+    check = summarize(MixedLoad(requests_per_s=4.0, seconds=1.0), [StreamedAnswer(50.0, 4000, 10)] * 4, profile)
+    assert check.estimate.itl_ms is None and check.factor is None and check.correction == 1.0
+    assert json.loads(json.dumps(check.as_json(), allow_nan=False))["estimated_prefill_busy"] > 1.0
+    # decodes that take the whole step budget: no prompt chunk fits at all, the share is infinite -> null
+    tiny_budget = profile.model_copy(update={"max_num_batched_tokens": 4})
+    full = summarize(MixedLoad(requests_per_s=4.0, seconds=1.0), [StreamedAnswer(50.0, 10, 500)] * 4, tiny_budget)
+    assert full.estimate.itl_ms is None and full.correction == 1.0
+    assert json.loads(json.dumps(full.as_json(), allow_nan=False))["estimated_prefill_busy"] is None
