@@ -70,10 +70,12 @@ def _checked(args: argparse.Namespace, profile: EngineProfile | None, engine: En
         raise SystemExit(f"--check-profile: comma-separated rates, got {args.check_profile!r}") from None
     if not rates or any(r <= 0 for r in rates):
         raise SystemExit(f"--check-profile: rates must be > 0, got {args.check_profile!r}")
-    profile, checks = checked(profile, engine, rates)
+    if args.check_seconds <= 0:
+        raise SystemExit(f"--check-seconds must be > 0, got {args.check_seconds}")
+    profile, checks = checked(profile, engine, rates, seconds=args.check_seconds, seed=args.check_seed)
     for c in checks:
         factor = "n/a" if c.factor is None else f"{c.factor:.2f}"
-        print(f"profile check: {c.load.requests_per_s:g} req/s prompt-heavy on one worker: ITL p90 "
+        print(f"profile check: {c.load.requests_per_s:g} req/s prompt-heavy on one worker, {c.requests} requests: ITL p90 "
               f"{c.itl_p_ms or 0:.1f} ms, estimate {c.estimate.itl_ms or float('nan'):.1f} ms, factor {factor}")
     print(f"profile check: mixing_correction {profile.mixing_correction:.3f}\n")
     return profile
@@ -109,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --engine-profile: check the profile on one simulated both worker at these "
                          "prompt-heavy request rates (as litellm-disagg profile --check-load does on a real "
                          "worker) and give the planner the largest correction found, e.g. 1,1.5,2")
+    ap.add_argument("--check-seconds", type=float, default=240.0,
+                    help="with --check-profile: seconds of arrivals per check load (default 240; at 60 s one "
+                         "worker's p90 swings with the arrival sample: docs/planner-evaluation.md)")
+    ap.add_argument("--check-seed", type=int, default=0, help="with --check-profile: the check's arrival seed")
     ap.add_argument("--first-tick-at-interval", action="store_true",
                     help="the planner's first step one interval after the load starts (the protocol before "
                          "2026-12-02) instead of with the first arrival")

@@ -72,8 +72,25 @@ def checked(profile: EngineProfile, engine: EngineSettings, rates: Sequence[floa
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.planner_eval.profile", description=__doc__.splitlines()[0])
     ap.add_argument("--max-num-batched-tokens", type=int, default=EngineSettings().max_num_batched_tokens)
+    ap.add_argument("--profile-error", default=None, metavar="W,S,R", help="scale the profile (misprofiled)")
+    ap.add_argument("--check", default=None, metavar="RATES",
+                    help="check the profile on one simulated both worker at these prompt-heavy rates (checked)")
+    ap.add_argument("--seconds", type=float, default=240.0, help="with --check: seconds of arrivals per load")
+    ap.add_argument("--seeds", default="0", help="with --check: comma-separated arrival seeds, one check each")
     args = ap.parse_args(argv)
-    profile = profile_engine(TimingSettings(), EngineSettings(max_num_batched_tokens=args.max_num_batched_tokens))
+    engine = EngineSettings(max_num_batched_tokens=args.max_num_batched_tokens)
+    profile = profile_engine(TimingSettings(), engine)
+    if args.profile_error:
+        profile = misprofiled(profile, *(float(x) for x in args.profile_error.split(",")))
+    if args.check:
+        rates = [float(x) for x in args.check.split(",")]
+        for seed in (int(x) for x in args.seeds.split(",")):
+            corrected, checks = checked(profile, engine, rates, seconds=args.seconds, seed=seed)
+            factors = ", ".join(f"{c.load.requests_per_s:g} req/s ({c.requests} requests) "
+                                + ("n/a" if c.factor is None else f"{c.factor:.2f}") for c in checks)
+            print(f"seed {seed}, {args.seconds:g} s: factors {factors}; mixing_correction "
+                  f"{corrected.mixing_correction:.2f}")
+        return 0
     print("engine_profile:")
     for name, value in profile.model_dump().items():
         print(f"  {name}: {round(value, 4) if isinstance(value, float) else value}")

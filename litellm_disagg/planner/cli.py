@@ -136,8 +136,9 @@ def add_profile_parser(sub: Any) -> None:
     p = sub.add_parser("profile", help="measure a worker's engine profile (planner.engine_profile) through its API")
     p.add_argument("--url", required=True, help="the worker's OpenAI API, e.g. http://127.0.0.1:8100 (with or "
                                                 "without /v1); it must be otherwise idle")
-    p.add_argument("--max-num-batched-tokens", type=int, required=True,
-                   help="the step budget the both workers run with (vLLM's --max-num-batched-tokens)")
+    p.add_argument("--max-num-batched-tokens", type=int,
+                   help="the step budget the both workers run with (vLLM's --max-num-batched-tokens); required "
+                        "unless --profile gives the profile")
     p.add_argument("--model", help="the served model to profile (default: the worker's first)")
     p.add_argument("--api-key", default=os.environ.get("LITELLM_DISAGG_WORKER_API_KEY"),
                    help="the worker's API key, if it has one (default: $LITELLM_DISAGG_WORKER_API_KEY)")
@@ -157,6 +158,10 @@ def add_profile_parser(sub: Any) -> None:
     p.add_argument("--check-prompt-tokens", type=int, default=512, help="prompt tokens per check request (512)")
     p.add_argument("--check-output-tokens", type=int, default=64, help="output tokens per check request (64)")
     p.add_argument("--check-seconds", type=float, default=30.0, help="seconds of arrivals per check load (30)")
+    p.add_argument("--profile", dest="profile_file",
+                   help="check this profile instead of measuring one: a YAML file with the engine_profile block "
+                        "(as printed here) or a proxy_config.yaml with litellm_disagg.planner.engine_profile; "
+                        "needs --check-load")
     p.add_argument("--headroom", type=float, default=0.7,
                    help="the planner's headroom: the share of the ITL SLO it holds the estimate under (0.7)")
     p.add_argument("--quantile", type=float, default=0.9, help="the ITL percentile compared (0.9)")
@@ -168,8 +173,10 @@ def run_profile(args: argparse.Namespace) -> int:
     import dataclasses
     import json
     import sys
+    from pathlib import Path
 
     import httpx
+    import yaml
     from pydantic import ValidationError
 
     from litellm_disagg.planner.mixing_check import MixedLoad, MixingCheck, check_mixing, render_checks
@@ -177,16 +184,22 @@ def run_profile(args: argparse.Namespace) -> int:
     from litellm_disagg.planner.profiler import (
         ProfileError,
         ProfileTarget,
+        load_profile,
         measure_profile,
         parse_sizes,
         plan_from,
         render_points,
-        render_yaml,
+        render_profile_yaml,
         served_model,
     )
 
     try:
-        plan = plan_from(args.max_num_batched_tokens,
+        given = load_profile(Path(args.profile_file).read_text()) if args.profile_file else None
+        if given is not None and not args.check_load:
+            raise ValueError("--profile needs --check-load (a given profile is only checked)")
+        if given is None and args.max_num_batched_tokens is None:
+            raise ValueError("--max-num-batched-tokens is required to measure a profile")
+        plan = plan_from(args.max_num_batched_tokens or 1,
                          parse_sizes(args.batches) if args.batches else None, args.output_tokens,
                          parse_sizes(args.prompt_tokens) if args.prompt_tokens else None, args.repeats)
         if args.runs < 1:
@@ -196,15 +209,15 @@ def run_profile(args: argparse.Namespace) -> int:
                  for rate in parse_rates(args.check_load)] if args.check_load else []
         if not (0 < args.headroom < 1 and 0 < args.quantile < 1):
             raise ValueError("--headroom and --quantile must be between 0 and 1")
-    except (ValueError, ValidationError) as exc:
+    except (ValueError, ValidationError, OSError, yaml.YAMLError) as exc:
         print(f"litellm-disagg profile: bad arguments: {exc}", file=sys.stderr)
         return 2
     target = ProfileTarget.of(args.url, args.model, args.api_key)
 
     async def measure() -> tuple[list[Any], Any, list[MixingCheck]]:
         async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout)) as client:
-            fits = [await measure_profile(client, target, plan) for _ in range(args.runs)]
-            profile = median_profile(fits)
+            fits = [] if given is not None else [await measure_profile(client, target, plan) for _ in range(args.runs)]
+            profile = given if given is not None else median_profile(fits)
             model = (await served_model(client, target)).name
             checks = [await check_mixing(client, target, model, profile, load, quantile=args.quantile,
                                          margin=args.headroom) for load in loads]
@@ -228,7 +241,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
     if args.json:
         # the top level: the median profile, and the first run's lines and points (one run: that run's everything)
-        print(json.dumps({**run_json(fits[0]), "engine_profile": profile.model_dump(),
+        print(json.dumps({**(run_json(fits[0]) if fits else {}), "engine_profile": profile.model_dump(),
                           "runs": [run_json(fit) for fit in fits], "mixing_checks": [c.as_json() for c in checks]}))
     else:
         for i, fit in enumerate(fits, 1):
@@ -240,7 +253,7 @@ def run_profile(args: argparse.Namespace) -> int:
             sys.stderr.write(f"the profile below: each number's median over the {len(fits)} runs\n")
         if checks:
             sys.stderr.write(render_checks(checks))
-        sys.stdout.write(render_yaml(dataclasses.replace(fits[0], profile=profile)))
+        sys.stdout.write(render_profile_yaml(profile))
     return 0
 
 

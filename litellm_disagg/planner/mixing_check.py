@@ -149,8 +149,15 @@ async def check_mixing(client: httpx.AsyncClient, target: ProfileTarget, model: 
     return summarize(load, answers, profile, quantile=quantile, margin=margin)
 
 
+FEW_REQUESTS = 200
+"""Under this many requests a load's ITL percentile swings with the arrival sample: on the simulated engine, 60 s
+of one worker's Poisson arrivals (65-124 requests) gave corrections of 1.0-1.67 over four seeds for the exact
+profile, 240 s 1.04-1.13 (docs/planner-evaluation.md)."""
+
+
 def render_checks(checks: list[MixingCheck]) -> str:
-    """One line per load: what was served, the ITL seen and estimated, the factor and the correction."""
+    """One line per load: what was served, the ITL seen and estimated, the factor and the correction; a warning
+    under a load with few requests."""
     out = [f"mixing check (ITL p{round(checks[0].quantile * 100)} against the estimate held under "
            f"{checks[0].margin} of the SLO):" if checks else "mixing check: no load"]
     for c in checks:
@@ -161,4 +168,7 @@ def render_checks(checks: list[MixingCheck]) -> str:
                    f"{c.prompt_tokens_per_s:,.0f} prompt + {c.output_tokens_per_s:,.0f} output tokens/s, "
                    f"{c.requests} requests; ITL {seen}, estimate {est} (busy {c.estimate.prefill_busy:.2f}); "
                    f"factor {factor}, correction {c.correction:.2f}")
+        if c.requests < FEW_REQUESTS:
+            out.append(f"  warning: {c.requests} requests at {c.load.requests_per_s:g} req/s: the percentile swings "
+                       f"with the arrival sample; give each load {FEW_REQUESTS} or more (--check-seconds)")
     return "\n".join(out) + "\n"

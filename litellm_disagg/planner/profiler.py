@@ -33,8 +33,10 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import httpx
+import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from litellm_disagg.planner.mixing import EngineProfile
 from litellm_disagg.planner.profile_fit import DecodePoint, PrefillPoint, ProfileFit, fit_profile
 
 
@@ -233,10 +235,28 @@ async def measure_profile(client: httpx.AsyncClient, target: ProfileTarget, plan
 
 def render_yaml(fit: ProfileFit) -> str:
     """The ``engine_profile`` block for ``proxy_config.yaml`` (under ``litellm_disagg.planner``)."""
+    return render_profile_yaml(fit.profile)
+
+
+def render_profile_yaml(profile: EngineProfile) -> str:
     lines = ["engine_profile:"]
-    for name, value in fit.profile.model_dump().items():
+    for name, value in profile.model_dump().items():
         lines.append(f"  {name}: {round(value, 4) if isinstance(value, float) else value}")
     return "\n".join(lines) + "\n"
+
+
+def load_profile(text: str) -> EngineProfile:
+    """An ``engine_profile`` from YAML: the block this command prints (top-level ``engine_profile``) or a whole
+    ``proxy_config.yaml`` (``litellm_disagg.planner.engine_profile``). ValueError when neither holds one."""
+    data = yaml.safe_load(text)
+    block = data.get("engine_profile") if isinstance(data, dict) else None
+    if block is None and isinstance(data, dict):
+        planner = (data.get("litellm_disagg") or {}).get("planner") if isinstance(data.get("litellm_disagg"), dict) \
+            else None
+        block = planner.get("engine_profile") if isinstance(planner, dict) else None
+    if not isinstance(block, dict):
+        raise ValueError("no engine_profile in the file (top level, or under litellm_disagg.planner)")
+    return EngineProfile.model_validate(block)
 
 
 def render_points(fit: ProfileFit) -> str:

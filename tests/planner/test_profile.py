@@ -171,7 +171,7 @@ async def test_a_second_run_on_the_same_worker_meets_no_prefix_the_first_left_ca
     assert all(0.5 * TIMING.prefill_tokens_per_s < r < 1.3 * TIMING.prefill_tokens_per_s for r in rates), rates
 
 
-async def test_the_command_prints_the_profile_and_fails_cleanly(sim_worker, capsys):
+async def test_the_command_prints_the_profile_and_fails_cleanly(sim_worker, capsys, tmp_path):
     argv = ["profile", "--url", sim_worker.base_url, "--max-num-batched-tokens", "2048", "--batches", "1,8",
             "--output-tokens", "8", "--prompt-tokens", "1024,3072", "--repeats", "1", "--json"]
     assert await asyncio.to_thread(main, argv) == 0
@@ -217,7 +217,28 @@ async def test_the_command_prints_the_profile_and_fails_cleanly(sim_worker, caps
     # the checked profile carries the check's correction, for the planner to start from
     assert out["engine_profile"]["mixing_correction"] == entry["correction"]
     assert await asyncio.to_thread(main, checked[:-1]) == 0
-    assert "mixing check (ITL p90" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "mixing check (ITL p90" in err and "requests at 2 req/s: the percentile swings" in err  # 3 s: a few
+    # a given profile, checked without measuring one: from the printed block or from a whole proxy_config.yaml
+    given = EngineProfile(weight_read_ms=19.8, per_sequence_ms=0.19, prefill_tokens_per_s=20_000.0,
+                          max_num_batched_tokens=2048)
+    block = tmp_path / "profile.yaml"
+    block.write_text(render_yaml(fit_profile([DecodePoint(1, 20.0), DecodePoint(8, 21.33)],
+                                             [PrefillPoint(1000, 0.05), PrefillPoint(3000, 0.15)], 2048)))
+    proxy_config = tmp_path / "proxy_config.yaml"
+    proxy_config.write_text(yaml.safe_dump({"litellm_disagg": {"planner": {"engine_profile": given.model_dump()}}}))
+    for path in (block, proxy_config):
+        only = ["profile", "--url", sim_worker.base_url, "--profile", str(path), "--check-load", "2",
+                "--check-seconds", "2", "--json"]
+        assert await asyncio.to_thread(main, only) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["runs"] == [] and len(out["mixing_checks"]) == 1
+        assert out["engine_profile"]["max_num_batched_tokens"] == 2048
+    assert out["engine_profile"]["weight_read_ms"] == 19.8
+    # a given profile is only checked; measuring needs the budget; a file without a profile is refused
+    for bad in (["--profile", str(proxy_config)], [], ["--profile", str(tmp_path / "none.yaml"), "--check-load", "1"]):
+        assert await asyncio.to_thread(main, ["profile", "--url", sim_worker.base_url, *bad]) == 2
+        assert "bad arguments" in capsys.readouterr().err
 
 
 def test_the_mixing_check_summarizes_a_load_against_the_profile():
