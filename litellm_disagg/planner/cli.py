@@ -157,7 +157,9 @@ def add_profile_parser(sub: Any) -> None:
                                         "(planner/mixing_check.py)")
     p.add_argument("--check-prompt-tokens", type=int, default=512, help="prompt tokens per check request (512)")
     p.add_argument("--check-output-tokens", type=int, default=64, help="output tokens per check request (64)")
-    p.add_argument("--check-seconds", type=float, default=30.0, help="seconds of arrivals per check load (30)")
+    p.add_argument("--check-seconds", type=float,
+                   help="seconds of arrivals per check load (default: long enough for 200 requests, 200 / rate: "
+                        "with fewer the percentile swings with the arrival sample)")
     p.add_argument("--profile", dest="profile_file",
                    help="check this profile instead of measuring one: a YAML file with the engine_profile block "
                         "(as printed here) or a proxy_config.yaml with litellm_disagg.planner.engine_profile; "
@@ -179,7 +181,7 @@ def run_profile(args: argparse.Namespace) -> int:
     import yaml
     from pydantic import ValidationError
 
-    from litellm_disagg.planner.mixing_check import MixedLoad, MixingCheck, check_mixing, render_checks
+    from litellm_disagg.planner.mixing_check import FEW_REQUESTS, MixedLoad, MixingCheck, check_mixing, render_checks
     from litellm_disagg.planner.profile_fit import ProfileFitError, median_profile
     from litellm_disagg.planner.profiler import (
         ProfileError,
@@ -205,7 +207,8 @@ def run_profile(args: argparse.Namespace) -> int:
         if args.runs < 1:
             raise ValueError(f"--runs must be at least 1, got {args.runs}")
         loads = [MixedLoad(requests_per_s=rate, prompt_tokens=args.check_prompt_tokens,
-                           output_tokens=args.check_output_tokens, seconds=args.check_seconds)
+                           output_tokens=args.check_output_tokens,
+                           seconds=args.check_seconds if args.check_seconds is not None else FEW_REQUESTS / rate)
                  for rate in parse_rates(args.check_load)] if args.check_load else []
         if not (0 < args.headroom < 1 and 0 < args.quantile < 1):
             raise ValueError("--headroom and --quantile must be between 0 and 1")
