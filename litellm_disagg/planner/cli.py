@@ -201,9 +201,9 @@ def run_profile(args: argparse.Namespace) -> int:
             raise ValueError("--profile needs --check-load (a given profile is only checked)")
         if given is None and args.max_num_batched_tokens is None:
             raise ValueError("--max-num-batched-tokens is required to measure a profile")
-        plan = plan_from(args.max_num_batched_tokens or 1,
-                         parse_sizes(args.batches) if args.batches else None, args.output_tokens,
-                         parse_sizes(args.prompt_tokens) if args.prompt_tokens else None, args.repeats)
+        plan = None if given is not None else plan_from(
+            args.max_num_batched_tokens, parse_sizes(args.batches) if args.batches else None, args.output_tokens,
+            parse_sizes(args.prompt_tokens) if args.prompt_tokens else None, args.repeats)
         if args.runs < 1:
             raise ValueError(f"--runs must be at least 1, got {args.runs}")
         loads = [MixedLoad(requests_per_s=rate, prompt_tokens=args.check_prompt_tokens,
@@ -219,8 +219,8 @@ def run_profile(args: argparse.Namespace) -> int:
 
     async def measure() -> tuple[list[Any], Any, list[MixingCheck]]:
         async with httpx.AsyncClient(timeout=httpx.Timeout(args.timeout)) as client:
-            fits = [] if given is not None else [await measure_profile(client, target, plan) for _ in range(args.runs)]
-            profile = given if given is not None else median_profile(fits)
+            fits = [] if plan is None else [await measure_profile(client, target, plan) for _ in range(args.runs)]
+            profile = median_profile(fits) if given is None else given
             model = (await served_model(client, target)).name
             checks = [await check_mixing(client, target, model, profile, load, quantile=args.quantile,
                                          margin=args.headroom) for load in loads]

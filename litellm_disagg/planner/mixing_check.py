@@ -91,7 +91,6 @@ class MixingCheck:
         """The correction the planner's check would learn from this window, starting from none."""
         return mixing_correction(1.0, self.itl_p_ms, self.estimate.itl_ms, self.margin)
 
-
     def as_json(self) -> dict[str, object]:
         """The ``--json`` output's ``mixing_checks`` entry (an estimate that would not keep up: nulls, not inf)."""
         busy = self.estimate.prefill_busy
@@ -151,7 +150,7 @@ async def check_mixing(client: httpx.AsyncClient, target: ProfileTarget, model: 
 
 FEW_REQUESTS = 200
 """Under this many requests a load's ITL percentile swings with the arrival sample: on the simulated engine, 60 s
-of one worker's Poisson arrivals (65-124 requests) gave corrections of 1.0-1.67 over four seeds for the exact
+of one worker's Poisson arrivals (48-129 requests) gave corrections of 1.0-1.67 over four seeds for the exact
 profile, 240 s 1.04-1.13 (docs/planner-evaluation.md)."""
 
 
@@ -170,5 +169,5 @@ def render_checks(checks: list[MixingCheck]) -> str:
                    f"factor {factor}, correction {c.correction:.2f}")
         if c.requests < FEW_REQUESTS:
             out.append(f"  warning: {c.requests} requests at {c.load.requests_per_s:g} req/s: the percentile swings "
-                       f"with the arrival sample; give each load {FEW_REQUESTS} or more (--check-seconds)")
+                       f"with the arrival sample; give each load {FEW_REQUESTS} or more (a longer --check-seconds)")
     return "\n".join(out) + "\n"

@@ -86,10 +86,10 @@ How it decides, per served model, at every step:
    moves one step at a time and waits out a settling window after each. Both read the mixed-step estimate times the
    model's *mixing correction* (``calibration.py``): a settled window of every worker ``both`` whose ITL percentile
    is beyond the estimate's margin shows the profile underprices mixing, and by how much. ``mixing_costly`` is the
-   way back: "aggregation does not pay". A ``both`` worker mixes prefill chunks into its decode steps; while prompts keep arriving (prefill
-   busy) and the decode side's batches and KV are far from full, an ITL over its SLO is those mixed steps, not decode
-   work, so the answer is to split the ``both`` workers again, not to take prefill workers for decode (which leaves
-   more prompts to the ``both`` workers and stretches the ITL further). It is checked first: an ITL breach beside
+   way back: "aggregation does not pay". A ``both`` worker mixes prefill chunks into its decode steps; while prompts
+   keep arriving (prefill busy) and the decode side's batches and KV are far from full, an ITL over its SLO is those
+   mixed steps, not decode work, so the answer is to split the ``both`` workers again, not to take prefill workers
+   for decode (which leaves more prompts to the ``both`` workers and stretches the ITL further). It is checked first: an ITL breach beside
    a prefill pressure over 1 is the same mixing (the ``both`` workers' prefill runs at a fraction of a prefill
    worker's rate), not an overload. For the same reason ``prefill_bound`` splits ``both`` workers before it takes
    decode workers. In an all-``both`` layout there is nothing to split back into (a prefill worker beside only
@@ -200,8 +200,9 @@ class Pressures:
     split_itl_ratio: float | None = None
     """That split's estimated decode ITL over its SLO."""
     mixing_correction: float | None = None
-    """The factor the aggregated estimate's ITL is multiplied by (``calibration.py``: 1.0 until a window of every
-    worker ``both`` showed an ITL beyond the estimate's margin); None: no engine profile."""
+    """The factor the aggregated estimate's ITL is multiplied by (``calibration.py``: the profile's own
+    ``mixing_correction``, 1.0 unless set, until a settled window of every worker ``both`` moves it); None: no engine
+    profile."""
 
     def as_fields(self) -> dict[str, float | str | None]:
         """Flat fields for a log line or a metric (names are the ``planner_signal`` label values)."""

@@ -219,6 +219,9 @@ async def test_the_command_prints_the_profile_and_fails_cleanly(sim_worker, caps
     assert await asyncio.to_thread(main, checked[:-1]) == 0
     err = capsys.readouterr().err
     assert "mixing check (ITL p90" in err and "requests at 2 req/s: the percentile swings" in err  # 3 s: a few
+    # without --check-seconds each load lasts 200 requests' worth (200 / rate seconds)
+    quick = ["profile", "--url", sim_worker.base_url, "--profile", None, "--check-load", "100",
+             "--check-prompt-tokens", "16", "--check-output-tokens", "4", "--json"]
     # a given profile, checked without measuring one: from the printed block or from a whole proxy_config.yaml
     given = EngineProfile(weight_read_ms=19.8, per_sequence_ms=0.19, prefill_tokens_per_s=20_000.0,
                           max_num_batched_tokens=2048)
@@ -235,6 +238,10 @@ async def test_the_command_prints_the_profile_and_fails_cleanly(sim_worker, caps
         assert out["runs"] == [] and len(out["mixing_checks"]) == 1
         assert out["engine_profile"]["max_num_batched_tokens"] == 2048
     assert out["engine_profile"]["weight_read_ms"] == 19.8
+    quick[4] = str(proxy_config)
+    assert await asyncio.to_thread(main, quick) == 0
+    [entry] = json.loads(capsys.readouterr().out)["mixing_checks"]
+    assert entry["load"]["seconds"] == 2.0 and 150 < entry["requests"] < 250
     # a given profile is only checked; measuring needs the budget; a file without a profile is refused
     for bad in (["--profile", str(proxy_config)], [], ["--profile", str(tmp_path / "none.yaml"), "--check-load", "1"]):
         assert await asyncio.to_thread(main, ["profile", "--url", sim_worker.base_url, *bad]) == 2
