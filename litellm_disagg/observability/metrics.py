@@ -28,6 +28,9 @@ litellm_disagg_migrations_total                       counter   cause, outcome  
 **routing**
 litellm_disagg_routed_total                           counter   model, role, worker       workers chosen (role: the pool it was chosen in)
 litellm_disagg_prompt_tokens_total                    counter   model, role, worker       prompt tokens of those requests (KV routing on)
+litellm_disagg_arrived_prompt_tokens_total            counter   model                     prompt tokens of each request when its workers are
+                                                                                          chosen, before any prefill (KV routing on): the
+                                                                                          demand the planner's load estimate reads
 litellm_disagg_cached_prompt_tokens_total             counter   model, role, worker       of them, tokens the worker held in its prefix cache
 litellm_disagg_local_prefills_total                   counter   model, reason             decode worker prefilled by choice (LOCAL_REASONS)
 litellm_disagg_prefill_failovers_total                counter   model, worker, cause      prefill attempt failed, next tried (FAILOVER_CAUSES)
@@ -147,6 +150,8 @@ MIGRATIONS = Counter("litellm_disagg_migrations_total", "Streams broken mid-answ
 
 ROUTED = Counter("litellm_disagg_routed_total", "Workers chosen, by pool", _WORKER)
 PROMPT_TOKENS = Counter("litellm_disagg_prompt_tokens_total", "Prompt tokens of requests sent to the worker", _WORKER)
+ARRIVED_PROMPT_TOKENS = Counter("litellm_disagg_arrived_prompt_tokens_total",
+                                "Prompt tokens of requests when their workers are chosen, before any prefill", ["model"])
 CACHED_PROMPT_TOKENS = Counter("litellm_disagg_cached_prompt_tokens_total",
                                "Prompt tokens the worker held in its prefix cache", _WORKER)
 LOCAL_PREFILLS = Counter("litellm_disagg_local_prefills_total", "Decode worker prefilled by choice",

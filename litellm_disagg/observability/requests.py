@@ -81,6 +81,14 @@ class RequestMetrics:
         self._clock = clock
         self._calls: dict[str, _Call] = {}
 
+    def chosen(self, call_id: str, plan: RoutePlan) -> None:
+        """A call's workers are chosen, before any prefill runs: its prompt tokens count as arrived (the demand;
+        ``routed`` counts them again per worker once the prefill is over, which under a prefill backlog lags the
+        arrivals by the queue's wait). A retry of a call already routed is not counted again."""
+        if call_id in self._calls or plan.prompt is None or not plan.prompt.num_tokens:
+            return
+        m.ARRIVED_PROMPT_TOKENS.labels(plan.decode.model).inc(plan.prompt.num_tokens)
+
     def routed(self, call_id: str, plan: RoutePlan, outcome: Outcome, *, started: float, selection_s: float) -> None:
         """A call's decode worker and prefill are settled. ``started``: this clock's reading when the strategy was
         asked; ``selection_s``: how long choosing the workers took."""

@@ -58,15 +58,15 @@ logger = logging.getLogger(__name__)
 TTFT_METRIC = "litellm_disagg_time_to_first_token_seconds"
 ITL_METRIC = "litellm_disagg_inter_token_latency_seconds"
 ROUTE_METRIC = "litellm_disagg_route_seconds"
-PROMPT_TOKENS_METRIC = "litellm_disagg_prompt_tokens"
-"""A counter (``_total`` on the page): prompt tokens of the requests sent to each chosen worker."""
+PROMPT_TOKENS_METRIC = "litellm_disagg_arrived_prompt_tokens"
+"""A counter (``_total`` on the page): per model, the prompt tokens of each request when its workers are chosen, before
+any prefill (the demand). The per-worker ``litellm_disagg_prompt_tokens_total`` counts a request once its prefill is
+over, so under a prefill backlog it gives the prefill pool's throughput, not what arrives."""
 
 REMOTE_PREFILL: LabelFilter = ("mode", frozenset({"disaggregated"}))
 """Requests prefilled on a prefill worker: their route time runs from arrival to the prefill's answer."""
 LOCAL_PREFILL: LabelFilter = ("mode", frozenset({"local_prefill", "aggregated"}))
 """Requests prefilled by the worker that decodes them: their TTFT is their prefill time."""
-DECODE_ROLE: LabelFilter = ("role", frozenset({"decode"}))
-"""Every request has exactly one decode worker (a remote prefill adds a ``prefill`` sample): each request once."""
 THIS_PROCESS = ""
 """The source key of this process's own counters (``ProxyTotals.prompt_tokens``)."""
 
@@ -84,9 +84,9 @@ class ProxyTotals:
     histograms have the same buckets (``metrics.TTFT_BUCKETS``), so they add up bucket by bucket. Unlike the TTFT it
     holds no decode-side wait (a pull queued for KV blocks on a full decode worker)."""
     prompt_tokens: Mapping[str, float] = field(default_factory=dict)
-    """Per proxy (its ``/metrics`` URL; ``THIS_PROCESS`` in the proxy), the prompt tokens of the requests it routed
-    (``litellm_disagg_prompt_tokens_total``, role ``decode``: each request once). Empty when none was counted (the
-    proxy counts them with KV routing only)."""
+    """Per proxy (its ``/metrics`` URL; ``THIS_PROCESS`` in the proxy), the prompt tokens of the requests that arrived
+    there (``litellm_disagg_arrived_prompt_tokens_total``: each request once, when its workers are chosen). Empty when
+    none was counted (the proxy counts them with KV routing only)."""
 
 
 class LatencySource(Protocol):
@@ -102,7 +102,7 @@ def proxy_totals(samples: Sequence[SampleLike], source: str = THIS_PROCESS) -> d
     itl = histogram_totals(samples, ITL_METRIC)
     remote = histogram_totals(samples, ROUTE_METRIC, where=REMOTE_PREFILL)
     local = histogram_totals(samples, TTFT_METRIC, where=LOCAL_PREFILL)
-    prompts = counter_totals(samples, PROMPT_TOKENS_METRIC, where=DECODE_ROLE)
+    prompts = counter_totals(samples, PROMPT_TOKENS_METRIC)
     return {model: ProxyTotals(ttft.get(model), itl.get(model), add_totals(remote.get(model), local.get(model)),
                                {source: prompts[model]} if model in prompts else {})
             for model in set(ttft) | set(itl) | set(remote) | set(prompts)}
@@ -113,7 +113,7 @@ class InProcessLatency:
     registry."""
 
     async def read(self) -> Mapping[str, ProxyTotals]:
-        return proxy_totals([s for metric in (m.TTFT, m.ITL, m.ROUTE, m.PROMPT_TOKENS)
+        return proxy_totals([s for metric in (m.TTFT, m.ITL, m.ROUTE, m.ARRIVED_PROMPT_TOKENS)
                              for s in registry_samples(metric)])
 
 

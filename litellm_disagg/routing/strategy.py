@@ -138,6 +138,8 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
             key, decode.worker_id, prefill_tokens=plan.local_prefill_tokens, decode_blocks=plan.decode_blocks,
             pull_tokens=plan.pull_tokens,
         )
+        if self.requests is not None:
+            self.requests.chosen(call_id, plan)
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "request %s: chosen in %.1f ms: %s",

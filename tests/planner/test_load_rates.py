@@ -46,13 +46,14 @@ def engine_page(generated: float) -> str:
     )
 
 
-def proxy_page(decode: Mapping[str, float], prefill: Mapping[str, float] | None = None) -> str:
-    """A proxy's page with its prompt-token counter: per chosen worker, role ``decode`` and ``prefill``."""
+def proxy_page(arrived: float, routed: Mapping[str, float] | None = None) -> str:
+    """A proxy's page with its prompt-token counters: ``arrived`` (each request once, when its workers are chosen)
+    and the per-worker counter of routed requests (``routed``: under role ``decode``; the planner does not read it)."""
     registry = CollectorRegistry()
-    counter = Counter("litellm_disagg_prompt_tokens", "", ["model", "role", "worker"], registry=registry)
-    for role, tokens in (("decode", decode), ("prefill", prefill or {})):
-        for worker_id, n in tokens.items():
-            counter.labels(MODEL, role, worker_id).inc(n)
+    Counter("litellm_disagg_arrived_prompt_tokens", "", ["model"], registry=registry).labels(MODEL).inc(arrived)
+    per_worker = Counter("litellm_disagg_prompt_tokens", "", ["model", "role", "worker"], registry=registry)
+    for worker_id, n in (routed or {}).items():
+        per_worker.labels(MODEL, "decode", worker_id).inc(n)
     return generate_latest(registry).decode()
 
 
@@ -158,25 +159,25 @@ async def test_output_tokens_per_s_from_the_workers_counters_a_restart_neither_n
 # -- prompt tokens: the proxy's counter ---------------------------------------------------------------------------
 
 
-async def test_standalone_prompt_tokens_per_s_added_over_proxies_decode_role_only(client) -> None:
+async def test_standalone_prompt_tokens_per_s_added_over_proxies_from_the_arrivals(client) -> None:
     pages, http = client
     a, b = "http://proxy-a/metrics", "http://proxy-b/metrics"
     source = ProxyPagesLatency([a, b], client=http)
     c = collector(http, source)
     workers = [worker("p0", "prefill"), worker("d0", "decode")]
     try:
-        pages.pages = {a: proxy_page({"d0": 1000}, {"p0": 1000}), b: proxy_page({"d0": 500})}
+        pages.pages = {a: proxy_page(1000, {"d0": 800}), b: proxy_page(500)}
         totals = (await source.read())[MODEL]
-        assert totals.prompt_tokens == {a: 1000.0, b: 500.0}       # per proxy; the prefill role not counted
+        assert totals.prompt_tokens == {a: 1000.0, b: 500.0}       # per proxy; arrivals, not the routed counter
         assert (await rates(c, 0.0, workers)).prompt_tokens_per_s is None
-        # 600 tokens through proxy a, each request with a remote prefill (counted again under role prefill); proxy
-        # b restarted and has routed 300 since
-        pages.pages = {a: proxy_page({"d0": 1600}, {"p0": 1600}), b: proxy_page({"d0": 300})}
+        # 600 tokens arrived at proxy a (their prefills still queued: the routed counter has not moved); proxy b
+        # restarted and 300 arrived since
+        pages.pages = {a: proxy_page(1600, {"d0": 800}), b: proxy_page(300)}
         assert (await rates(c, 10.0, workers)).prompt_tokens_per_s == pytest.approx((600 + 300) / 10)
         pages.pages[b] = 503                                          # b unreadable: counted at its next read
-        pages.pages[a] = proxy_page({"d0": 2000}, {"p0": 2000})
+        pages.pages[a] = proxy_page(2000)
         assert (await rates(c, 20.0, workers)).prompt_tokens_per_s == pytest.approx(400 / 10)
-        pages.pages[b] = proxy_page({"d0": 500})
+        pages.pages[b] = proxy_page(500)
         assert (await rates(c, 30.0, workers)).prompt_tokens_per_s == pytest.approx(200 / 10)
     finally:
         await c.aclose()
@@ -193,6 +194,13 @@ class Routed:
 
     def serve(self, prompt_tokens: int, *, remote: bool) -> None:
         self.n += 1
+        call = f"load-rates-{self.n}"
+        plan, outcome = self.arrive(call, prompt_tokens, remote=remote)
+        self.metrics.routed(call, plan, outcome, started=0.0, selection_s=0.0)
+        self.metrics.finished(call)
+
+    def arrive(self, call: str, prompt_tokens: int, *, remote: bool) -> tuple[RoutePlan, Outcome]:
+        """The call's workers chosen (as the strategy does before the prefill runs); its plan and outcome."""
         prompt = PromptBlocks(list(range(prompt_tokens)))
         if remote:
             plan = RoutePlan(self.decode, (self.prefill,), None, "remote", prompt=prompt)
@@ -200,9 +208,8 @@ class Routed:
         else:
             plan = RoutePlan(self.decode, (), "short", "local", prompt=prompt)
             outcome = Outcome(Mode.AGGREGATED, self.decode)
-        call = f"load-rates-{self.n}"
-        self.metrics.routed(call, plan, outcome, started=0.0, selection_s=0.0)
-        self.metrics.finished(call)
+        self.metrics.chosen(call, plan)
+        return plan, outcome
 
 
 async def test_in_the_proxy_prompt_tokens_per_s_counts_each_request_once_and_the_planner_estimates(client) -> None:
@@ -227,6 +234,32 @@ async def test_in_the_proxy_prompt_tokens_per_s_counts_each_request_once_and_the
         assert model.output_tokens_per_s == pytest.approx(4000 / 10)
         decision = Planner(c.settings).step(ClusterSignals((model,)), 10.0).decision(MODEL)
         assert decision is not None and decision.pressures.aggregated_itl_ratio is not None
+    finally:
+        await c.aclose()
+        await http.aclose()
+
+
+async def test_in_the_proxy_prompts_count_when_they_arrive_not_when_their_queued_prefill_answers(client) -> None:
+    """Under a prefill backlog the requests routed per second are the prefill pool's throughput; the estimate of
+    aggregated serving needs what arrives. 20 prompts arrive and wait for their remote prefills: the rate counts them;
+    when their prefills answer (``routed``) and a retry of one is chosen again, nothing is counted twice."""
+    pages, http = client
+    prefill, decode = worker("p1", "prefill"), worker("d1", "decode")
+    routed = Routed(decode, prefill)
+    c = collector(http, InProcessLatency())
+    workers = [prefill, decode]
+    pages.pages = {"http://d1:8000/metrics": engine_page(0), "http://p1:8000/metrics": engine_page(0)}
+    try:
+        routed.serve(10, remote=False)
+        assert (await rates(c, 0.0, workers)).prompt_tokens_per_s is None    # a baseline
+        waiting = [(f"queued-{i}", *routed.arrive(f"queued-{i}", 200, remote=True)) for i in range(20)]
+        assert (await rates(c, 10.0, workers)).prompt_tokens_per_s == pytest.approx(20 * 200 / 10)
+        for call, plan, outcome in waiting:
+            routed.metrics.routed(call, plan, outcome, started=1000.0, selection_s=0.0)  # the metrics' clock
+        routed.metrics.chosen(waiting[0][0], waiting[0][1])   # a retry of a routed call
+        for call, _, _ in waiting:
+            routed.metrics.finished(call)
+        assert (await rates(c, 20.0, workers)).prompt_tokens_per_s == 0.0   # nothing arrived in the last window
     finally:
         await c.aclose()
         await http.aclose()
