@@ -61,6 +61,7 @@ class Cluster:
         self.proxy = ProxyProc(self.registry, base,
                                config=shipped_with_remote_prefill(base, model="tiny", model_dir=tiny_model))
         self.planner: subprocess.Popen[bytes] | None = None
+        self.log_name = "planner.log"
 
     @property
     def workers(self) -> list[WorkerProc]:
@@ -103,8 +104,13 @@ class Cluster:
                        headers={"Authorization": f"Bearer {MASTER_KEY}"})
         return r.status_code == 200 and self._all_live()
 
-    def start_planner(self, ttft_ms: float) -> None:
-        conf = self.base / "planner.yaml"
+    def start_planner(self, ttft_ms: float, *, log_name: str = "planner.log", **planner: object) -> None:
+        """``litellm-disagg planner`` on its own, reading the proxy's page; ``planner``: settings over this test's."""
+        if self.planner is not None and self.planner.poll() is None:
+            self.planner.terminate()
+            self.planner.wait(timeout=30)
+        self.log_name = log_name
+        conf = self.base / log_name.replace(".log", ".yaml")
         conf.write_text(yaml.safe_dump({"litellm_disagg": {
             "registry": {"backend": "file", "path": str(self.registry), "poll_interval_s": 0.1},
             # The median, not the shipped p90: a short request here can wait 30 s or more for the prefill worker's
@@ -113,17 +119,17 @@ class Cluster:
             # (2026-12-02) a CI run saw short prompts read prefill_bound for exactly two 0.5 s steps and move.
             "planner": {"ttft_ms": ttft_ms, "itl_ms": 600_000, "quantile": 0.5, "interval_s": INTERVAL_S,
                         "hysteresis_steps": 3, "window_s": 4, "min_samples": 3, "cooldown_s": 600,
-                        "allow_aggregated": False},
+                        "allow_aggregated": False, **planner},
         }}))
         argv = [sys.executable, "-m", "litellm_disagg.cli", "planner", "--config", str(conf),
                 "--proxy-metrics", f"{self.proxy.url}/metrics/", "--metrics-key", MASTER_KEY]
-        log = (self.base / "planner.log").open("wb")
+        log = (self.base / log_name).open("wb")
         self.planner = subprocess.Popen(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                         env={**os.environ, "LITELLM_DISAGG_LOG_LEVEL": "INFO"})
 
     @property
     def planner_log(self) -> str:
-        path = self.base / "planner.log"
+        path = self.base / self.log_name
         return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self) -> None:
@@ -235,3 +241,55 @@ async def test_the_planner_moves_a_real_decode_worker_to_prefill_when_long_promp
     decision = next(d for d in planner_decisions(c.planner_log) if d["moves"])
     print(f"SLO {slo_ms:.0f} ms (short p50 {short_p50:.3f} s, long p50 {long_p50:.3f} s); move {moves[0]}; "
           f"decision {decision}; {time.strftime('%H:%M:%S')}")
+
+
+async def test_the_planner_crosses_real_workers_to_aggregated_serving_when_a_split_misses_its_slo(cluster) -> None:
+    """The crossing (``aggregation_pays``) on real engines: whatever split the cluster is in (after the test above,
+    two prefill workers and one decode worker; one and two if it ran alone), a new planner with an engine profile
+    under which three ``both`` workers hold the load sees long prompts miss the TTFT SLO and moves every worker to
+    ``both``, with their weights loaded, while the prompts flow through the real proxy; none fails, and the
+    aggregated layout serves more of them. The profile is not this engine's measured one (that is
+    ``litellm-disagg profile``'s test, ``tests/test_vllm_profile.py``): here it only has to say that aggregation
+    pays, so the subject is the crossing's path on vLLM (the prompt rate from the proxy's page, the output rate from
+    the workers' counters, three role changes at once). The SLO is a third of the long prompts' median TTFT measured
+    on this split now, so the load misses it whatever the machine's speed; ``min_decode_workers`` at the decode
+    workers' number and ``aggregate_below: 0`` leave the crossing the only move open."""
+    c = cluster
+    headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+    start = {w.worker_id: w.role for w in await FileRegistry(c.registry).snapshot()}
+    assert WorkerRole.BOTH not in start.values(), start
+    decode_workers = sum(role is WorkerRole.DECODE for role in start.values())
+    async with httpx.AsyncClient(base_url=c.proxy.url, headers=headers, timeout=180) as client:
+        long = await _measure(client, words=LONG_WORDS, concurrency=LONG_CONCURRENCY, requests=2 * LONG_CONCURRENCY,
+                              tag="calibrate-crossing")
+        slo_ms = 1000 * percentile(long, 0.5) / 3
+        profile = {"weight_read_ms": 1.0, "per_sequence_ms": 0.01, "prefill_tokens_per_s": 1_000_000.0,
+                   "max_num_batched_tokens": 2048}
+        c.start_planner(slo_ms, log_name="planner-crossing.log", allow_aggregated=True, aggregate_below=0.0,
+                        min_decode_workers=decode_workers, engine_profile=profile)
+        traffic = StreamingTraffic(client, model="tiny", words=LONG_WORDS, concurrency=LONG_CONCURRENCY,
+                                   tag="crossing")
+        try:
+            await asyncio.to_thread(
+                wait_until, lambda: (all(registered(c.registry, w.worker_id).role is WorkerRole.BOTH
+                                         for w in c.workers) or bool(traffic.failures)),
+                timeout_s=300, interval_s=0.2, what=f"every worker to publish both (SLO {slo_ms:.0f} ms)",
+                alive=lambda: c.planner is not None and c.planner.poll() is None)
+            crossed_at = traffic.done
+            await asyncio.to_thread(wait_until, lambda: traffic.done >= crossed_at + 4 or bool(traffic.failures),
+                                    timeout_s=240, interval_s=0.2, what="long prompts served on the new layout")
+        finally:
+            await traffic.stop()
+        assert traffic.failures == [], traffic.failures[:3]
+
+    moves = planner_moves(c.planner_log)
+    assert {condition for condition, _ in moves} == {"aggregation_pays"}, moves
+    assert sorted(worker_id for _, (worker_id, _, _) in moves) == sorted(w.worker_id for w in c.workers), moves
+    assert all(to_role == "both" for _, (_, _, to_role) in moves), moves
+    first = next(d for d in planner_decisions(c.planner_log) if d["moves"])
+    assert first["prefill_pressure"] > 1.0 and first["aggregated_itl_ratio"] is not None, first
+    assert 0 < first["aggregated_busy"] < 0.9, first   # a measured prompt rate, not an empty window
+    for w in c.workers:
+        assert f"worker {w.worker_id} now serves both" in c.planner_log
+    print(f"crossing: from {sorted(r.value for r in start.values())}, SLO {slo_ms:.0f} ms; moves {moves}; "
+          f"first decision {first}; {time.strftime('%H:%M:%S')}")

@@ -90,7 +90,7 @@ async def test_the_planner_in_the_proxy_crosses_a_split_that_misses_its_slo_to_a
                         raise AssertionError(f"no crossing: {[w.role for w in workers]}, {long.done} done, "
                                              f"last decisions {decisions[-3:]}") from None
                     crossed_at = long.done
-                    # the aggregated layout serves: more long prompts complete, each prefilled where it decodes
+                    # the new layout serves: more long prompts complete on it
                     await eventually(lambda: long.done >= crossed_at + 6 or bool(long.failures), timeout_s=90)
                 finally:
                     await long.stop()
