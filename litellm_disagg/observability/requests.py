@@ -84,7 +84,8 @@ class RequestMetrics:
     def chosen(self, call_id: str, plan: RoutePlan) -> None:
         """A call's workers are chosen, before any prefill runs: its prompt tokens count as arrived (the demand;
         ``routed`` counts them again per worker once the prefill is over, which under a prefill backlog lags the
-        arrivals by the queue's wait). A retry of a call already routed is not counted again."""
+        arrivals by the queue's wait). A retry of a call that was routed and has not finished is not counted again (one
+        whose earlier attempt failed before or after routing is)."""
         if call_id in self._calls or plan.prompt is None or not plan.prompt.num_tokens:
             return
         m.ARRIVED_PROMPT_TOKENS.labels(plan.decode.model).inc(plan.prompt.num_tokens)
