@@ -399,13 +399,27 @@ def without_itl(p: Pressures) -> Pressures:
     return replace(p, decode=decode, decode_driver=driver if decode > 0.0 else DecodeDriver.NONE, itl_ratio=None)
 
 
+def load_rates(model: ModelSignals) -> tuple[float, float] | None:
+    """The model's prompt and output token rates as the estimates price them; None when either is not measured, or
+    when no prompt arrived in the window while prompts wait (queued prefill tokens or waiting requests on a worker):
+    a backlog is load that a rate of zero does not describe (closed-loop clients send nothing until answers come,
+    and every estimate at zero load holds)."""
+    prompts, outputs = model.prompt_tokens_per_s, model.output_tokens_per_s
+    if prompts is None or outputs is None:
+        return None
+    if prompts <= 0.0 and any(w.queued_prefill_tokens > 0 or w.waiting_requests > 0 for w in model.active):
+        return None
+    return prompts, outputs
+
+
 def estimate_aggregated(model: ModelSignals, workers: int, settings: PlannerSettings) -> MixedEstimate | None:
     """Every one of ``workers`` as ``both`` at the model's measured load (``mixing.py``); None without an engine
-    profile or without the prompt and output token rates."""
+    profile or without the load rates (``load_rates``)."""
     profile = settings.engine_profile
-    if profile is None or model.prompt_tokens_per_s is None or model.output_tokens_per_s is None or workers < 1:
+    rates = load_rates(model)
+    if profile is None or rates is None or workers < 1:
         return None
-    return aggregated_estimate(profile, workers, model.prompt_tokens_per_s, model.output_tokens_per_s)
+    return aggregated_estimate(profile, workers, *rates)
 
 
 def with_estimate(p: Pressures, estimate: MixedEstimate | None, settings: PlannerSettings,
@@ -433,11 +447,12 @@ def all_both_settled(model: ModelSignals, layout: DesiredPools, state: _ModelSta
 def estimate_split(model: ModelSignals, workers: int, settings: PlannerSettings) -> SplitEstimate | None:
     """The split of ``workers`` the engine profile sizes for the model's measured load (``mixing.sized_split``), with
     the ITL under ``headroom`` of its SLO and the prefill workers busy at most ``aggregate_busy_max``; None without a
-    profile, without the load rates, or when no split holds."""
+    profile, without the load rates (``load_rates``), or when no split holds."""
     profile = settings.engine_profile
-    if profile is None or model.prompt_tokens_per_s is None or model.output_tokens_per_s is None or workers < 2:
+    rates = load_rates(model)
+    if profile is None or rates is None or workers < 2:
         return None
-    return sized_split(profile, workers, model.prompt_tokens_per_s, model.output_tokens_per_s,
+    return sized_split(profile, workers, *rates,
                        itl_target_ms=settings.itl_ms, itl_margin=settings.headroom,
                        busy_max=settings.aggregate_busy_max)
 
@@ -446,10 +461,10 @@ def resized(target: SplitEstimate, model: ModelSignals, settings: PlannerSetting
     """``target``'s split at the model's load now, if it still holds it within the SLO itself (no ``headroom``, all
     of the prefill workers' time): the band a started split goes on in; None otherwise."""
     profile = settings.engine_profile
-    if profile is None or model.prompt_tokens_per_s is None or model.output_tokens_per_s is None:
+    rates = load_rates(model)
+    if profile is None or rates is None:
         return None
-    now = split_estimate(profile, target.prefill, target.decode, model.prompt_tokens_per_s,
-                         model.output_tokens_per_s)
+    now = split_estimate(profile, target.prefill, target.decode, *rates)
     return now if now.holds(settings.itl_ms, 1.0, 1.0) else None
 
 

@@ -138,6 +138,41 @@ def test_the_estimate_needs_both_load_rates_and_is_logged_as_inf_when_the_worker
     assert decision.pressures.as_fields()["aggregated_itl_ratio"] == math.inf
 
 
+def test_no_prompt_arriving_while_prompts_wait_is_no_estimate_not_an_idle_load() -> None:
+    """Closed-loop clients send nothing while their prompts queue: a window with no prompt arrived beside a backlog
+    is not zero load (every estimate at zero load holds, and the split would cross on no evidence; seen in
+    tests/planner/test_planner_sim_proxy_crossing.py in CI). Once a prompt arrives, the estimate is back."""
+    def waiting(rate: float, *, queued: bool) -> ClusterSignals:
+        workers = tuple(WorkerSignals(w.worker_id, MODEL, w.role, queued_prefill_tokens=w.queued_prefill_tokens
+                                      if queued else 0, waiting_requests=0) for w in split(6, 2))
+        return ClusterSignals((ModelSignals(MODEL, workers, ttft=LatencyWindow(1700, 50), itl=LatencyWindow(25, 50),
+                                            prefill_time=LatencyWindow(1600, 50), prompt_tokens_per_s=rate,
+                                            output_tokens_per_s=80.0),))
+
+    planner = Planner(settings(512))
+    for t in (0.0, 2.0):
+        decision = planner.step(waiting(0.0, queued=True), t).decision(MODEL)
+        assert decision is not None and decision.condition is not Condition.AGGREGATION_PAYS
+        assert decision.pressures.aggregated_itl_ratio is None and not any(m.to_role is B for m in decision.moves)
+    # waiting requests on a worker's page are a backlog too (the standalone planner has no queued tokens)
+    paged = waiting(0.0, queued=False)
+    model = paged.models[0]
+    paged = ClusterSignals((ModelSignals(MODEL, tuple(WorkerSignals(w.worker_id, MODEL, w.role, waiting_requests=3)
+                                                      for w in model.workers), ttft=model.ttft, itl=model.itl,
+                                         prefill_time=model.prefill_time, prompt_tokens_per_s=0.0,
+                                         output_tokens_per_s=80.0),))
+    decision = Planner(settings(512)).step(paged, 0.0).decision(MODEL)
+    assert decision is not None and decision.pressures.aggregated_itl_ratio is None
+    # nothing waiting: a rate of zero is an idle load, priced as one
+    idle = Planner(settings(512)).step(waiting(0.0, queued=False), 0.0).decision(MODEL)
+    assert idle is not None and idle.pressures.aggregated_itl_ratio is not None
+    # a prompt arrives: the estimate is back and the split crosses
+    crossing = Planner(settings(512))
+    for t in (0.0, 2.0):
+        decision = crossing.step(waiting(26 * 4608.0, queued=True), t).decision(MODEL)
+    assert decision is not None and decision.condition is Condition.AGGREGATION_PAYS and decision.moves
+
+
 def test_a_crossing_once_started_goes_on_inside_the_band_and_stops_past_it() -> None:
     # started with margin (busy under aggregate_busy_max), it goes on while the estimate still keeps up with the
     # prompts and holds the ITL SLO itself, as the pressure band does for low_load: a noisy load estimate just over
