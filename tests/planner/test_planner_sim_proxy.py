@@ -18,17 +18,16 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-import yaml
 
-from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.runtime_config import WorkerRole
-from litellm_disagg.sim import SimCluster, SimSettings
+from litellm_disagg.sim import SimSettings
 from litellm_disagg.sim.settings import EngineSettings, TimingSettings
 
 from ..support.planner_log import planner_decisions
-from ..support.procs import MASTER_KEY, ProxyProc
+from ..support.procs import MASTER_KEY
 from ..support.proxy_configs import plugin_only
 from ..support.registry_watch import eventually
+from ..support.sim_split import switchable_split
 from ..support.streaming_traffic import StreamingTraffic
 
 MODEL = "sim-model"
@@ -56,46 +55,35 @@ def proxy_config(registry_dir) -> dict:
 
 async def test_planner_in_the_proxy_moves_one_worker_when_the_load_shifts(tmp_path) -> None:
     registry_dir = tmp_path / "registry"
-    config_path = tmp_path / "proxy.yaml"
-    config_path.write_text(yaml.safe_dump(proxy_config(registry_dir)))
-    reader = FileRegistry(registry_dir, poll_interval_s=0.05)
-    async with SimCluster(registry=FileRegistry(registry_dir, poll_interval_s=0.05), settings=sim_settings(),
-                          heartbeat_interval_s=0.2, name="sim-planner") as cluster:
-        await cluster.add(WorkerRole.PREFILL, switchable=True, worker_id="p1")
-        d1 = await cluster.add(WorkerRole.DECODE, switchable=True, worker_id="d1")
-        d2 = await cluster.add(WorkerRole.DECODE, switchable=True, worker_id="d2")
-        proxy = ProxyProc(registry_dir, tmp_path, config=config_path).start()
-        try:
-            await asyncio.to_thread(proxy.wait_ready, MODEL, 180)
-            headers = {"Authorization": f"Bearer {MASTER_KEY}"}
-            async with httpx.AsyncClient(base_url=proxy.url, headers=headers, timeout=120) as c:
-                # phase 1: short prompts; the planner holds for at least 10 steps
-                short = StreamingTraffic(c, model=MODEL, words=20, concurrency=2, tag="short")
-                try:
-                    await eventually(lambda: len(planner_decisions(proxy.log.read_text())) >= 1, timeout_s=60)
-                    await eventually(lambda: short.done >= 20 or bool(short.failures), timeout_s=60)
-                    await asyncio.sleep(10 * INTERVAL_S)
-                finally:
-                    await short.stop()
-                lines = planner_decisions(proxy.log.read_text())
-                assert [mv for d in lines for mv in d["moves"]] == [], lines[-3:]
-                assert not list(registry_dir.glob("*.role.json"))
-                assert {d["condition"] for d in lines} <= {"steady"}, lines[-3:]
+    async with switchable_split(tmp_path, proxy_config, sim_settings(), name="sim-planner", model=MODEL) as split:
+        _, d1, d2 = split.workers
+        proxy = split.proxy
+        headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+        async with httpx.AsyncClient(base_url=proxy.url, headers=headers, timeout=120) as c:
+            # phase 1: short prompts; the planner holds for at least 10 steps
+            short = StreamingTraffic(c, model=MODEL, words=20, concurrency=2, tag="short")
+            try:
+                await eventually(lambda: len(planner_decisions(proxy.log.read_text())) >= 1, timeout_s=60)
+                await eventually(lambda: short.done >= 20 or bool(short.failures), timeout_s=60)
+                await asyncio.sleep(10 * INTERVAL_S)
+            finally:
+                await short.stop()
+            lines = planner_decisions(proxy.log.read_text())
+            assert [mv for d in lines for mv in d["moves"]] == [], lines[-3:]
+            assert not list(registry_dir.glob("*.role.json"))
+            assert {d["condition"] for d in lines} <= {"steady"}, lines[-3:]
 
-                # phase 2: long prompts queue at the one prefill worker
-                long = StreamingTraffic(c, model=MODEL, words=4000, concurrency=6, tag="long")
-                try:
-                    await eventually(lambda: WorkerRole.PREFILL in (d1.role, d2.role) or bool(long.failures),
-                                     timeout_s=90, interval_s=0.2)
-                    await asyncio.sleep(6 * INTERVAL_S)   # a few more steps: no second move
-                finally:
-                    await long.stop()
-                assert short.failures == [] and long.failures == [], (short.failures + long.failures)[:3]
-        finally:
-            await asyncio.to_thread(proxy.stop)
-        log = proxy.log.read_text()
-        published = {w.worker_id: w.role for w in await reader.snapshot()}
-        await reader.close()
+            # phase 2: long prompts queue at the one prefill worker
+            long = StreamingTraffic(c, model=MODEL, words=4000, concurrency=6, tag="long")
+            try:
+                await eventually(lambda: WorkerRole.PREFILL in (d1.role, d2.role) or bool(long.failures),
+                                 timeout_s=90, interval_s=0.2)
+                await asyncio.sleep(6 * INTERVAL_S)   # a few more steps: no second move
+            finally:
+                await long.stop()
+            assert short.failures == [] and long.failures == [], (short.failures + long.failures)[:3]
+        published = await split.published()
+    log = proxy.log.read_text()
     moves = [(d["condition"], mv) for d in planner_decisions(log) for mv in d["moves"]]
     assert len(moves) == 1, moves
     condition, (worker_id, from_role, to_role) = moves[0]

@@ -20,32 +20,27 @@ The same layout with ``allow_aggregated: false`` or without a profile makes the 
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
-import yaml
 
 from bench.planner_eval.profile import profile_engine
-from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.runtime_config import WorkerRole
-from litellm_disagg.sim import SimCluster, SimSettings
-from litellm_disagg.sim.settings import EngineSettings, TimingSettings
 
 from ..support.planner_log import planner_decisions, planner_moves
-from ..support.procs import MASTER_KEY, ProxyProc
+from ..support.procs import MASTER_KEY
 from ..support.proxy_configs import plugin_only
 from ..support.registry_watch import eventually
+from ..support.sim_split import switchable_split
 from ..support.streaming_traffic import StreamingTraffic
+from .test_planner_sim_proxy import sim_settings
 
 MODEL = "sim-model"
 INTERVAL_S = 0.5
 SIM_TOKENIZER = "python:litellm_disagg.sim.hf_tokenizer:load"
-ENGINE = EngineSettings(num_gpu_blocks=4096, max_model_len=8192, max_num_batched_tokens=4096)
-TIMING = TimingSettings(prefill_tokens_per_s=5000.0, speedup=1.0)
 
 
 def proxy_config(registry_dir) -> dict:
-    profile = profile_engine(TIMING, ENGINE)
+    sim = sim_settings()
+    profile = profile_engine(sim.timing, sim.engine)
     return plugin_only({
         "registry": {"backend": "file", "path": str(registry_dir), "poll_interval_s": 0.1},
         "sync_interval_s": 0.2,
@@ -64,42 +59,27 @@ def proxy_config(registry_dir) -> dict:
 
 
 async def test_the_planner_in_the_proxy_crosses_a_split_that_misses_its_slo_to_aggregated_serving(tmp_path) -> None:
-    registry_dir = tmp_path / "registry"
-    config_path = tmp_path / "proxy.yaml"
-    config_path.write_text(yaml.safe_dump(proxy_config(registry_dir)))
-    reader = FileRegistry(registry_dir, poll_interval_s=0.05)
-    async with SimCluster(registry=FileRegistry(registry_dir, poll_interval_s=0.05),
-                          settings=SimSettings(engine=ENGINE, timing=TIMING),
-                          heartbeat_interval_s=0.2, name="sim-crossing") as cluster:
-        p1 = await cluster.add(WorkerRole.PREFILL, switchable=True, worker_id="p1")
-        d1 = await cluster.add(WorkerRole.DECODE, switchable=True, worker_id="d1")
-        d2 = await cluster.add(WorkerRole.DECODE, switchable=True, worker_id="d2")
-        workers = (p1, d1, d2)
-        proxy = ProxyProc(registry_dir, tmp_path, config=config_path).start()
-        try:
-            await asyncio.to_thread(proxy.wait_ready, MODEL, 180)
-            headers = {"Authorization": f"Bearer {MASTER_KEY}"}
-            async with httpx.AsyncClient(base_url=proxy.url, headers=headers, timeout=120) as c:
-                long = StreamingTraffic(c, model=MODEL, words=4000, concurrency=6, tag="long")
+    async with switchable_split(tmp_path, proxy_config, sim_settings(), name="sim-crossing", model=MODEL) as split:
+        workers, proxy = split.workers, split.proxy
+        headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+        async with httpx.AsyncClient(base_url=proxy.url, headers=headers, timeout=120) as c:
+            long = StreamingTraffic(c, model=MODEL, words=4000, concurrency=6, tag="long")
+            try:
                 try:
-                    try:
-                        await eventually(lambda: all(w.role is WorkerRole.BOTH for w in workers)
-                                         or bool(long.failures), timeout_s=120, interval_s=0.2)
-                    except AssertionError:
-                        decisions = planner_decisions(proxy.log.read_text())
-                        raise AssertionError(f"no crossing: {[w.role for w in workers]}, {long.done} done, "
-                                             f"last decisions {decisions[-3:]}") from None
-                    crossed_at = long.done
-                    # the new layout serves: more long prompts complete on it
-                    await eventually(lambda: long.done >= crossed_at + 6 or bool(long.failures), timeout_s=90)
-                finally:
-                    await long.stop()
-                assert long.failures == [], long.failures[:3]
-        finally:
-            await asyncio.to_thread(proxy.stop)
-        log = proxy.log.read_text()
-        published = {w.worker_id: w.role for w in await reader.snapshot()}
-        await reader.close()
+                    await eventually(lambda: all(w.role is WorkerRole.BOTH for w in workers)
+                                     or bool(long.failures), timeout_s=120, interval_s=0.2)
+                except AssertionError:
+                    decisions = planner_decisions(proxy.log.read_text())
+                    raise AssertionError(f"no crossing: {[w.role for w in workers]}, {long.done} done, "
+                                         f"last decisions {decisions[-3:]}") from None
+                crossed_at = long.done
+                # the new layout serves: more long prompts complete on it
+                await eventually(lambda: long.done >= crossed_at + 6 or bool(long.failures), timeout_s=90)
+            finally:
+                await long.stop()
+            assert long.failures == [], long.failures[:3]
+        published = await split.published()
+    log = proxy.log.read_text()
 
     moves = planner_moves(log)
     assert moves, "no move"
