@@ -293,3 +293,80 @@ async def test_the_planner_crosses_real_workers_to_aggregated_serving_when_a_spl
         assert f"worker {w.worker_id} now serves both" in c.planner_log
     print(f"crossing: from {sorted(r.value for r in start.values())}, SLO {slo_ms:.0f} ms; moves {moves}; "
           f"first decision {first}; {time.strftime('%H:%M:%S')}")
+
+
+def _move_to_both(c: Cluster, worker: WorkerProc) -> None:
+    """``litellm-disagg role WORKER both``, by hand (the operator command)."""
+    done = subprocess.run([sys.executable, "-m", "litellm_disagg.cli", "role", worker.worker_id, "both",
+                           "--registry-dir", str(c.registry), "--timeout", "120"],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+async def test_the_planner_splits_real_aggregated_workers_again_when_mixing_breaks_the_itl_slo(cluster) -> None:
+    """The way back (``disaggregation_pays``) on real engines: every worker ``both`` (where the crossing above leaves
+    them; moved by hand with ``litellm-disagg role`` if it did not run), long prompts mixed into the decode steps, an
+    ITL SLO at a third of the inter-token latency the client measures on this layout now (so the window misses it
+    whatever the machine's speed), and an engine profile under which a split holds the load and the ``both`` workers
+    do not: a decode step of 0.3 x the SLO, prefill far faster than the load, and a ``mixing_correction`` of 4 (the
+    mixed steps, priced 4x a pure decode step, land over the middle of the crossing's band). As with the crossing,
+    the profile is written, not measured: the subject is the path (ITL from the proxy's page, the split sized from
+    the load rates, three role changes out of ``both`` at once). The planner goes straight to the split the profile
+    sizes (one prefill and two decode workers: the sizing keeps two decode workers), every worker publishes its new
+    role with its weights loaded, none of the requests fails, and the prefill worker then serves prefills whose KV
+    the decode workers pull. ``aggregate_below: 0`` (prompts always count as arriving) and a TTFT SLO no prompt
+    misses leave this the only move open; the cooldown keeps each moved worker where it went. Ten steps of evidence
+    (5 s) where the other tests ask three: the split is sized from load rates over a whole window (4 s), and until
+    then the ITL breach in an all-``both`` layout reads ``decode_bound`` (a ``both`` worker to decode), whose streak
+    must not reach its hysteresis first."""
+    c = cluster
+    headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+    start = {w.worker_id: w.role for w in await FileRegistry(c.registry).snapshot()}
+    for worker in c.workers:
+        if start.get(worker.worker_id) is not WorkerRole.BOTH:
+            await asyncio.to_thread(_move_to_both, c, worker)
+    async with httpx.AsyncClient(base_url=c.proxy.url, headers=headers, timeout=180) as client:
+        calibration = StreamingTraffic(client, model="tiny", words=LONG_WORDS, concurrency=LONG_CONCURRENCY,
+                                       tag="calibrate-split", max_tokens=12)
+        try:
+            await asyncio.to_thread(wait_until, lambda: len(calibration.itls) >= 2 * LONG_CONCURRENCY
+                                    or bool(calibration.failures), timeout_s=300, interval_s=0.1,
+                                    what="long prompts' inter-token latencies on the aggregated layout")
+        finally:
+            await calibration.stop()
+        assert calibration.failures == [], calibration.failures[:3]
+        itl_slo_ms = 1000 * percentile(calibration.itls, 0.5) / 3
+        profile = {"weight_read_ms": 0.3 * itl_slo_ms, "per_sequence_ms": 0.0, "prefill_tokens_per_s": 1_000_000.0,
+                   "max_num_batched_tokens": 2048, "mixing_correction": 4.0}
+        prefills_before = {w.worker_id: prefills_served(w) for w in c.workers}
+        c.start_planner(3_600_000, log_name="planner-split.log", itl_ms=itl_slo_ms, allow_aggregated=True,
+                        aggregate_below=0.0, engine_profile=profile, hysteresis_steps=10)
+        traffic = StreamingTraffic(client, model="tiny", words=LONG_WORDS, concurrency=LONG_CONCURRENCY,
+                                   tag="split", max_tokens=12)
+        try:
+            await asyncio.to_thread(
+                wait_until, lambda: (all(registered(c.registry, w.worker_id).role is not WorkerRole.BOTH
+                                         for w in c.workers) or bool(traffic.failures)),
+                timeout_s=300, interval_s=0.2, what=f"every worker out of both (ITL SLO {itl_slo_ms:.0f} ms)",
+                alive=lambda: c.planner is not None and c.planner.poll() is None)
+            roles = {w.worker_id: w.role for w in await FileRegistry(c.registry).snapshot()}
+            prefill = next((w for w in c.workers if roles[w.worker_id] is WorkerRole.PREFILL), None)
+            assert prefill is not None, roles
+            # The new layout's work lands on it (vLLM's /metrics can trail an answer), while the traffic flows.
+            await asyncio.to_thread(
+                wait_until, lambda: (prefills_served(prefill) > prefills_before[prefill.worker_id]
+                                     or bool(traffic.failures)),
+                timeout_s=120, interval_s=0.2, what=f"a remote prefill on {prefill.worker_id}")
+        finally:
+            await traffic.stop()
+        assert traffic.failures == [], traffic.failures[:3]
+
+    moves = planner_moves(c.planner_log)
+    assert {condition for condition, _ in moves} == {"disaggregation_pays"}, moves
+    assert sorted(worker_id for _, (worker_id, _, _) in moves) == sorted(w.worker_id for w in c.workers), moves
+    assert all(from_role == "both" for _, (_, from_role, _) in moves), moves
+    assert sorted(roles.values()) == sorted([WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.DECODE]), roles
+    first = next(d for d in planner_decisions(c.planner_log) if d["moves"])
+    assert first["itl_ratio"] > 1.0, first
+    print(f"split: ITL SLO {itl_slo_ms:.0f} ms (client ITL p50 {1000 * percentile(calibration.itls, 0.5):.0f} ms); "
+          f"moves {moves}; first decision {first}; {time.strftime('%H:%M:%S')}")

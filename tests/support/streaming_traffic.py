@@ -3,7 +3,8 @@
 ``StreamingTraffic(client, model=..., words=..., concurrency=..., tag=...)`` starts ``concurrency`` loops, each sending
 one streamed chat of about ``words`` words at a time (every prompt distinct, so no prefix cache hides the work) until
 ``stop()``. It counts completions, keeps every failure's text, and records each request's time to its first streamed
-chunk as the client saw it (``ttfts``)."""
+chunk as the client saw it (``ttfts``) and, for a request streamed in two or more chunks after its first, the mean gap
+between them (``itls``: its inter-token latency as the client saw it)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class StreamingTraffic:
         self.done = 0
         self.failures: list[str] = []
         self.ttfts: list[float] = []
+        self.itls: list[float] = []
         self._stop = asyncio.Event()
         self._tasks = [asyncio.create_task(self._loop(n)) for n in range(concurrency)]
 
@@ -38,12 +40,17 @@ class StreamingTraffic:
                     "max_tokens": self.max_tokens, "temperature": 0, "stream": True}
             started = time.monotonic()
             first: float | None = None
+            last = 0.0
+            data_lines = 0
             chunks: list[str] = []
             try:
                 async with self.client.stream("POST", "/v1/chat/completions", json=body) as r:
                     async for line in r.aiter_lines():
-                        if first is None and line.startswith("data:"):
-                            first = time.monotonic() - started
+                        if line.startswith("data:") and "[DONE]" not in line:
+                            last = time.monotonic() - started
+                            data_lines += 1
+                            if first is None:
+                                first = last
                         chunks.append(line)
                 text = "\n".join(chunks)
                 if r.status_code != 200 or "[DONE]" not in text:
@@ -54,6 +61,8 @@ class StreamingTraffic:
                 continue
             if first is not None:
                 self.ttfts.append(first)
+                if data_lines >= 3:  # the first chunk, then at least two more: a gap that is not the first token's
+                    self.itls.append((last - first) / (data_lines - 1))
             self.done += 1
 
     async def stop(self) -> None:
