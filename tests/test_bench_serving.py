@@ -162,3 +162,24 @@ def test_a_small_run_through_the_real_proxy(tmp_path):
     for arm in ("kv_aware", "session_affinity", "oracle"):
         assert any(line.startswith(arm) and " 6/6 " in line for line in proc.stdout.splitlines()), proc.stdout
     assert (out / "serving_sim_multi-turn.json").is_file() and (out / "serving_sim_multi-turn.png").is_file()
+
+
+def test_the_engine_warm_up_reaches_every_worker_directly_at_the_workloads_size(tmp_path):
+    """``warm_engines`` (run before the first arm on real vLLM): every worker serves ``rounds`` x 2 requests itself,
+    no proxy in between, with prompts of about the size asked and twice it (here on simulated workers, which speak
+    vLLM's API and counters)."""
+    import asyncio
+
+    from bench.serving.workers import read_counters, start_sim, warm_engines
+
+    workers = start_sim(tmp_path, count=2, speedup=20, blocks=4096, block_size=16)
+    try:
+        before = asyncio.run(read_counters(workers.workers))
+        asyncio.run(warm_engines(workers.workers, workers.model, prompt_words=40, max_tokens=2, rounds=2))
+        after = asyncio.run(read_counters(workers.workers))
+    finally:
+        workers.close()
+    for w in workers.workers:
+        assert after[w.worker_id]["requests_finished"] - before[w.worker_id]["requests_finished"] == 4, (before, after)
+        prompts = after[w.worker_id]["prompt_tokens"] - before[w.worker_id]["prompt_tokens"]
+        assert prompts >= 2 * (40 + 80), prompts   # a word is one token or more

@@ -24,7 +24,7 @@ import httpx
 
 from bench.serving import arms as arms_mod
 from bench.serving import breakdown, cli, loadgen, probe_report, profiling, proxy, report, workloads
-from bench.serving.workers import WorkerSet, read_counters, reset_prefix_caches, start_sim, start_vllm
+from bench.serving.workers import WorkerSet, read_counters, reset_prefix_caches, start_sim, start_vllm, warm_engines
 from litellm_disagg.sim.request_log import read as read_traces
 
 DEFAULTS = {
@@ -170,6 +170,10 @@ def main() -> None:
     run_dir = cli.new_run_dir(f"serving-{args.backend}-")
     workers = start_workers(args, run_dir)
     try:
+        if args.backend == "vllm":
+            print("warming the engines (not measured) ...", flush=True)
+            asyncio.run(warm_engines(workers.workers, workers.model, max_tokens=args.max_tokens,
+                                     prompt_words=args.prefix_words + args.question_words))
         for workload in chosen:
             shape = cli.shape_from_args(args)
             schedule = workloads.build(workload, shape, seed=args.seed)  # type: ignore[arg-type]

@@ -161,3 +161,32 @@ def parse_counters(text: str, metrics: MetricNames = ENGINE.adapter.metrics) -> 
     }
     totals = prom_text.sums(text, prom_text.Wanted(name for name in names.values() if name is not None))
     return {counter: totals.get(name, 0.0) if name is not None else 0.0 for counter, name in names.items()}
+
+
+async def warm_engines(workers: list[Worker], model: str, *, prompt_words: int, max_tokens: int,
+                       rounds: int = 2) -> None:
+    """Send every worker, directly (not through a proxy), ``rounds`` rounds of two concurrent requests: one prompt of
+    about ``prompt_words`` words, one twice as long, each answered with ``max_tokens`` tokens. Not measured.
+
+    A CPU vLLM engine's first prefills of a size are slower than its later ones (kernels chosen and memory touched on
+    first use). Without this, whichever arm ran first on fresh engines paid for it: on 3 SmolLM2 workers the
+    multi-turn TTFT p50 of both the KV-aware and the oracle arm was 1.15-1.30x higher when it ran first
+    (docs/benchmarks.md). The proxy's own warm-up (a few two-token requests) does not reach those sizes. The prompts
+    are unique, and ``run_arm`` empties the prefix caches afterwards."""
+    words = "ka ri to na me so lu pe da vi mo ter an ul is ex or en".split()
+
+    def prompt(worker: int, n: int, tag: str) -> str:
+        return f"warm-up {tag} {worker}: " + " ".join(words[(worker + 7 * i + len(tag)) % len(words)] + words[i % 5]
+                                                        for i in range(n))
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        async def one(i: int, w: Worker, n: int, tag: str) -> None:
+            r = await client.post(f"{w.server_url}/v1/chat/completions",
+                                  json={"model": model, "max_tokens": max_tokens,
+                                        "messages": [{"role": "user", "content": prompt(i, n, tag)}]})
+            if r.status_code != 200:
+                raise RuntimeError(f"{w.worker_id}: engine warm-up failed: {r.status_code} {r.text[:300]}")
+
+        for r in range(rounds):
+            await asyncio.gather(*(one(i, w, n, f"{r}-{n}") for i, w in enumerate(workers)
+                                   for n in (prompt_words, 2 * prompt_words)))
