@@ -183,3 +183,23 @@ def test_the_engine_warm_up_reaches_every_worker_directly_at_the_workloads_size(
         assert after[w.worker_id]["requests_finished"] - before[w.worker_id]["requests_finished"] == 4, (before, after)
         prompts = after[w.worker_id]["prompt_tokens"] - before[w.worker_id]["prompt_tokens"]
         assert prompts >= 2 * (40 + 80), prompts   # a word is one token or more
+
+
+def test_the_engines_own_queue_prefill_and_ttft_means_come_from_its_histograms():
+    """Real vLLM pages carry per-request histograms; an arm's means are their sums' and counts' increases over all
+    workers. A page without them (the simulator's) gives no means rather than zeros."""
+    from bench.serving.workers import engine_time_means_ms
+
+    def page(queue_s: float, prefill_s: float, n: float) -> str:
+        return "\n".join([
+            f'vllm:request_queue_time_seconds_sum{{engine="0"}} {queue_s}',
+            f'vllm:request_queue_time_seconds_count{{engine="0"}} {n}',
+            f'vllm:request_prefill_time_seconds_sum{{engine="0"}} {prefill_s}',
+            f'vllm:request_prefill_time_seconds_count{{engine="0"}} {n}',
+            'vllm:request_success_total{engine="0",finished_reason="stop"} 1.0', ""])
+
+    before = {"a": parse_counters(page(1.0, 2.0, 10)), "b": parse_counters(page(0.0, 0.0, 0))}
+    after = {"a": parse_counters(page(1.3, 2.5, 12)), "b": parse_counters(page(0.1, 0.5, 2))}
+    means = engine_time_means_ms(before, after)
+    assert means == pytest.approx({"queue": 100.0, "prefill": 250.0})   # (0.3 + 0.1) / 4 s, (0.5 + 0.5) / 4 s
+    assert engine_time_means_ms({"a": parse_counters("")}, {"a": parse_counters("")}) == {}

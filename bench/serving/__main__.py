@@ -24,7 +24,15 @@ import httpx
 
 from bench.serving import arms as arms_mod
 from bench.serving import breakdown, cli, loadgen, probe_report, profiling, proxy, report, workloads
-from bench.serving.workers import WorkerSet, read_counters, reset_prefix_caches, start_sim, start_vllm, warm_engines
+from bench.serving.workers import (
+    WorkerSet,
+    engine_time_means_ms,
+    read_counters,
+    reset_prefix_caches,
+    start_sim,
+    start_vllm,
+    warm_engines,
+)
 from litellm_disagg.sim.request_log import read as read_traces
 
 DEFAULTS = {
@@ -139,7 +147,7 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
         for server in servers:
             server.close()
     row = dataclasses.replace(report.figures(name, results, wall, before, after), proxy_cpu_s=proxy_cpu,
-                              workers_cpu_s=workers_cpu)
+                              workers_cpu_s=workers_cpu, engine_means_ms=engine_time_means_ms(before, after))
     if workers.request_log is None:
         return row
     traces, _ = read_traces(workers.request_log, offset)

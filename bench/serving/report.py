@@ -46,6 +46,9 @@ class ArmFigures:
     """CPU seconds (user + system, all threads) the proxy process(es) used while the arm's load ran."""
     workers_cpu_s: float = 0.0
     """The same for the worker processes (simulated workers: the one process that runs them all)."""
+    engine_means_ms: dict[str, float] = field(default_factory=dict)
+    """Real vLLM workers: the engine's own mean queue time, prefill time and TTFT over the arm's requests
+    (``workers.engine_time_means_ms``)."""
 
 
 def figures(arm: str, results: list[RequestResult], wall_s: float, before: dict[str, dict[str, float]],
@@ -99,6 +102,9 @@ def table(rows: list[ArmFigures]) -> str:
         )
         if r.proxy_cpu_s:
             lines.append(f"{'':17s} CPU during the load: proxy {r.proxy_cpu_s:.1f} s, workers {r.workers_cpu_s:.1f} s")
+        if r.engine_means_ms:
+            means = ", ".join(f"{part} {ms:.0f} ms" for part, ms in r.engine_means_ms.items())
+            lines.append(f"{'':17s} engine means: {means}")
         if len(r.ttft_by_turn_p50_ms) > 1:
             by_turn = ", ".join(f"{t}: {v:.0f}" for t, v in r.ttft_by_turn_p50_ms.items())
             lines.append(f"{'':17s} TTFT p50 by turn (ms): {by_turn}")

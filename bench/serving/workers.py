@@ -159,8 +159,33 @@ def parse_counters(text: str, metrics: MetricNames = ENGINE.adapter.metrics) -> 
         "prompt_tokens": metrics.prompt_tokens,
         "generation_tokens": metrics.generation_tokens,
     }
+    for part, histogram in ENGINE_TIMES.items():
+        names[f"{part}_s"] = f"{histogram}_sum"
+        names[f"{part}_n"] = f"{histogram}_count"
     totals = prom_text.sums(text, prom_text.Wanted(name for name in names.values() if name is not None))
     return {counter: totals.get(name, 0.0) if name is not None else 0.0 for counter, name in names.items()}
+
+
+ENGINE_TIMES = {
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "engine_ttft": "vllm:time_to_first_token_seconds",
+}
+"""vLLM's per-request histograms whose sums and counts ``parse_counters`` also reads (0 where a page lacks them, as
+the simulator's does): the engine's own view of where a request's first token waited (queued for the running batch,
+computing its prompt, and its TTFT from arrival at the API server)."""
+
+
+def engine_time_means_ms(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Per ``ENGINE_TIMES`` part, its mean over the requests the workers finished between the two readings (all
+    workers together), in ms; parts no worker reported are left out."""
+    out = {}
+    for part in ENGINE_TIMES:
+        n = sum(after[w].get(f"{part}_n", 0.0) - before[w].get(f"{part}_n", 0.0) for w in after)
+        total = sum(after[w].get(f"{part}_s", 0.0) - before[w].get(f"{part}_s", 0.0) for w in after)
+        if n > 0:
+            out[part] = 1000.0 * total / n
+    return out
 
 
 async def warm_engines(workers: list[Worker], model: str, *, prompt_words: int, max_tokens: int,
