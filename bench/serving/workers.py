@@ -195,7 +195,7 @@ async def warm_engines(workers: list[Worker], model: str, *, prompt_words: int, 
 
     A CPU vLLM engine's first prefills of a size are slower than its later ones (kernels chosen and memory touched on
     first use). Without this, whichever arm ran first on fresh engines paid for it: on 3 SmolLM2 workers the
-    multi-turn TTFT p50 of both the KV-aware and the oracle arm was 1.15-1.30x higher when it ran first
+    multi-turn TTFT p50 of both the KV-aware and the oracle arm was 1.10-1.26x higher when it ran first
     (docs/benchmarks.md). The proxy's own warm-up (a few two-token requests) does not reach those sizes. The prompts
     are unique, and ``run_arm`` empties the prefix caches afterwards."""
     words = "ka ri to na me so lu pe da vi mo ter an ul is ex or en".split()
@@ -212,6 +212,6 @@ async def warm_engines(workers: list[Worker], model: str, *, prompt_words: int, 
             if r.status_code != 200:
                 raise RuntimeError(f"{w.worker_id}: engine warm-up failed: {r.status_code} {r.text[:300]}")
 
-        for r in range(rounds):
-            await asyncio.gather(*(one(i, w, n, f"{r}-{n}") for i, w in enumerate(workers)
+        for round_no in range(rounds):
+            await asyncio.gather(*(one(i, w, n, f"{round_no}-{n}") for i, w in enumerate(workers)
                                    for n in (prompt_words, 2 * prompt_words)))
