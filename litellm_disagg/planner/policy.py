@@ -446,15 +446,21 @@ def all_both_settled(model: ModelSignals, layout: DesiredPools, state: _ModelSta
 
 def estimate_split(model: ModelSignals, workers: int, settings: PlannerSettings) -> SplitEstimate | None:
     """The split of ``workers`` the engine profile sizes for the model's measured load (``mixing.sized_split``), with
-    the ITL under ``headroom`` of its SLO and the prefill workers busy at most ``aggregate_busy_max``; None without a
-    profile, without the load rates (``load_rates``), or when no split holds."""
+    the ITL under ``headroom`` of its SLO and the prefill workers busy at most ``aggregate_busy_max``; where no split
+    has both margins, the one that holds the SLO itself (ITL under it, prefill workers busy under all of their time):
+    near the best split's capacity the margins come and go with the window's rates, and each step without a sized
+    split restarted its hysteresis while the ``both`` workers kept missing the ITL (the burst guard, not this
+    margin, is what keeps a burst from being split: ``disaggregation_pays``). None without a profile, without the
+    load rates (``load_rates``), or when no split holds the SLO."""
     profile = settings.engine_profile
     rates = load_rates(model)
     if profile is None or rates is None or workers < 2:
         return None
-    return sized_split(profile, workers, *rates,
-                       itl_target_ms=settings.itl_ms, itl_margin=settings.headroom,
-                       busy_max=settings.aggregate_busy_max)
+    with_margin = sized_split(profile, workers, *rates, itl_target_ms=settings.itl_ms,
+                              itl_margin=settings.headroom, busy_max=settings.aggregate_busy_max)
+    if with_margin is not None:
+        return with_margin
+    return sized_split(profile, workers, *rates, itl_target_ms=settings.itl_ms, itl_margin=1.0, busy_max=1.0)
 
 
 def resized(target: SplitEstimate, model: ModelSignals, settings: PlannerSettings) -> SplitEstimate | None:
@@ -488,6 +494,21 @@ def band_middle(settings: PlannerSettings) -> float:
     """The middle of the band between ``headroom`` (``aggregation_pays`` crosses to ``both`` under it) and 1.0 (a
     crossing goes on up to it), as a share of the ITL SLO: ``disaggregation_pays`` splits only above it."""
     return (settings.headroom + 1.0) / 2.0
+
+
+def estimates_pending(condition: Condition, p: Pressures, layout: DesiredPools, state: _ModelState, now: float,
+                      settings: PlannerSettings) -> bool:
+    """Whether an ITL breach of ``both`` workers (``decode_bound`` driven by the ITL, ``mixing_costly``) waits for the
+    engine profile's estimates: with a profile, ``disaggregation_pays`` sizes the split for that breach once the load
+    rates cover a whole ``window_s`` (``aggregation_pays`` needs the same rates), and a rule's move before then (one
+    ``both`` worker to decode) only restarts the settling window that the sized split then waits out (in the
+    evaluation from all-``both``: the split 6-8 s later, prompt-heavy 0.91-0.94x the best split against 0.98x held).
+    Without a profile, once the window is covered, or where the decode side is full (KV, batch slots: the profile
+    does not price them), the rules act as before; the queue's trend (``prefill_bound``) is never held."""
+    itl_breach = condition is Condition.MIXING_COSTLY or (
+        condition is Condition.DECODE_BOUND and p.decode_driver is DecodeDriver.ITL)
+    return (itl_breach and settings.engine_profile is not None and layout.both > 0
+            and state.first_step_at is not None and now - state.first_step_at < settings.window_s)
 
 
 def disaggregation_pays(p: Pressures, split: SplitEstimate | None, layout: DesiredPools,
@@ -835,6 +856,9 @@ class Planner:
                 held = f"hysteresis {streak}/{s.hysteresis_steps}"
             elif model.flipping:
                 held = "flip in progress: " + ",".join(sorted(w.worker_id for w in model.flipping))
+            elif estimates_pending(condition, p, current, state, now, s):
+                held = (f"the engine profile's estimates decide this: their load rates cover "
+                        f"{now - state.first_step_at:.1f} of {s.window_s:g} s")
             elif (state.last_move_at is not None and now - state.last_move_at < s.window_s and not crossing
                   and not (queue_driven and state.last_move_condition in _QUEUE_SETTLES)):
                 held = f"settling: the latency window predates the last move ({now - state.last_move_at:.1f} s ago)"

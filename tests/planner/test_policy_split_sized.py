@@ -175,3 +175,50 @@ def test_workers_that_crossed_to_both_for_the_load_keep_their_cooldown() -> None
         decision = planner.step(mixing(layout(0, 0, 8)), t).decision(MODEL)
     assert decision is not None and decision.condition is Condition.DISAGGREGATION_PAYS and not decision.moves
     assert decision.held is not None and "cooldown" in decision.held
+
+
+def test_an_itl_breach_of_both_workers_waits_for_the_estimates_in_the_first_window() -> None:
+    """With a profile, the rules' move for all-``both`` workers missing the ITL (``decode_bound``: one worker to
+    decode) waits until the load rates cover a window: it would restart the settling window that the sized split,
+    possible a few seconds later, then waits out (in the evaluation from all-``both``, the split came 6-8 s later)."""
+    planner = Planner(settings())
+    for t in (0.0, 2.0, 4.0, 6.0, 8.0):
+        early = planner.step(mixing(layout(0, 0, 8)), t).decision(MODEL)
+        assert early is not None and early.condition is Condition.DECODE_BOUND and not early.moves
+    assert early.held is not None and "estimates" in early.held and "8.0 of 10 s" in early.held
+    covered = planner.step(mixing(layout(0, 0, 8)), 10.0).decision(MODEL)
+    assert covered is not None and covered.condition is Condition.DISAGGREGATION_PAYS and covered.held == "hysteresis 1/2"
+    sized = planner.step(mixing(layout(0, 0, 8)), 12.0).decision(MODEL)
+    assert sized is not None and moves(sized) == [(B, D), (B, D), (B, P)]
+    # a decode side that is full (KV, which the profile does not price) is not held: its move goes at once
+    full = tuple(WorkerSignals(f"w{i}", MODEL, P if i == 0 else B, kv_usage=1.0, running_requests=10)
+                 for i in range(8))
+    planner = Planner(settings())
+    planner.step(mixing(full, itl_ms=30.0), 0.0)
+    kv = planner.step(mixing(full, itl_ms=30.0), 2.0).decision(MODEL)
+    assert kv is not None and kv.condition is Condition.DECODE_BOUND and kv.pressures.decode_driver.value == "kv"
+    assert moves(kv) == [(P, B)]
+    # without a profile the rules act in the first window as they always do (nothing else would)
+    planner = Planner(settings(profile=None))
+    planner.step(mixing(layout(0, 0, 8)), 0.0)
+    rules = planner.step(mixing(layout(0, 0, 8)), 2.0).decision(MODEL)
+    assert rules is not None and rules.condition is Condition.DECODE_BOUND and moves(rules) == [(B, D)]
+
+
+def test_near_the_splits_capacity_the_split_holding_the_slo_itself_is_sized_when_none_has_the_margins() -> None:
+    """At 24 prompt-heavy requests/s 6P2D's prefill workers would be busy 92% of their time (over
+    ``aggregate_busy_max``, 0.9), and no split of 8 has both margins; every worker ``both`` misses the ITL. The
+    split that holds the SLO itself (busy under 1, ITL under 40 ms) is still the better layout: it is sized, not
+    one worker per settling window (before: the sizing came and went with the window's rate, and the split waited)."""
+    rate = 24.0
+    assert sized_split(PROFILE, 8, rate * 4608.0, rate * 80.0, itl_target_ms=40, itl_margin=0.7, busy_max=0.9) is None
+    planner = warmed(Planner(settings()), layout(0, 0, 8))
+    first = planner.step(mixing(layout(0, 0, 8), rate=rate), 0.0).decision(MODEL)
+    assert first is not None and first.condition is Condition.DISAGGREGATION_PAYS
+    assert first.pressures.split_prefill == 6 and first.pressures.split_itl_ratio is not None
+    assert first.pressures.split_itl_ratio < 1.0
+    second = planner.step(mixing(layout(0, 0, 8), rate=rate), 2.0).decision(MODEL)
+    assert second is not None and moves(second) == [(B, D), (B, D), (B, P)]
+    # past what any split's prefill workers compute, still none
+    assert planner.step(mixing(layout(0, 0, 8), rate=40.0), 4.0).decision(MODEL).pressures.split_prefill is None
+
