@@ -496,19 +496,36 @@ def band_middle(settings: PlannerSettings) -> float:
     return (settings.headroom + 1.0) / 2.0
 
 
-def estimates_pending(condition: Condition, p: Pressures, layout: DesiredPools, state: _ModelState, now: float,
-                      settings: PlannerSettings) -> bool:
-    """Whether an ITL breach of ``both`` workers (``decode_bound`` driven by the ITL, ``mixing_costly``) waits for the
-    engine profile's estimates: with a profile, ``disaggregation_pays`` sizes the split for that breach once the load
-    rates cover a whole ``window_s`` (``aggregation_pays`` needs the same rates), and a rule's move before then (one
-    ``both`` worker to decode) only restarts the settling window that the sized split then waits out (in the
-    evaluation from all-``both``: the split 6-8 s later, prompt-heavy 0.91-0.94x the best split against 0.98x held).
-    Without a profile, once the window is covered, or where the decode side is full (KV, batch slots: the profile
-    does not price them), the rules act as before; the queue's trend (``prefill_bound``) is never held."""
+def held_for_estimates(condition: Condition, p: Pressures, layout: DesiredPools, state: _ModelState, now: float,
+                       settings: PlannerSettings) -> str | None:
+    """Why an ITL breach of ``both`` workers (``decode_bound`` driven by the ITL, ``mixing_costly``) makes no rule's
+    move when the planner has an engine profile; None: the rules act.
+
+    - The first ``window_s``: ``disaggregation_pays`` sizes the split for that breach once the load rates cover a
+      whole window (``aggregation_pays`` needs the same rates), and a rule's move before then (one ``both`` worker to
+      decode) only restarted the settling window that the sized split then waited out (in the evaluation from
+      all-``both``: prompt-heavy 0.91-0.94x the best split, 0.98x held).
+    - Every worker ``both`` while the estimate says they hold the window's load in the lower half of the crossing's
+      band (the burst guard of ``disaggregation_pays``): the breach is a burst's spread, and a ``both`` worker moved
+      to decode for it came back at the next quiet period (``decode_bound``'s move into ``both``), a flip-flop
+      every cooldown.
+
+    Without a profile, where the decode side is full (KV, batch slots: the profile does not price them), or for the
+    queue's trend (``prefill_bound``), the rules act as before."""
     itl_breach = condition is Condition.MIXING_COSTLY or (
         condition is Condition.DECODE_BOUND and p.decode_driver is DecodeDriver.ITL)
-    return (itl_breach and settings.engine_profile is not None and layout.both > 0
-            and state.first_step_at is not None and now - state.first_step_at < settings.window_s)
+    if not (itl_breach and settings.engine_profile is not None and layout.both > 0):
+        return None
+    if state.first_step_at is not None and now - state.first_step_at < settings.window_s:
+        return (f"the engine profile's estimates decide this: their load rates cover "
+                f"{now - state.first_step_at:.1f} of {settings.window_s:g} s")
+    all_both = layout.prefill == 0 and layout.decode == 0
+    if (condition is Condition.DECODE_BOUND and all_both and p.aggregated_itl_ratio is not None
+            and p.aggregated_itl_ratio <= band_middle(settings)
+            and (p.aggregated_busy or 0.0) <= settings.aggregate_busy_max):
+        return (f"a burst's spread: every worker as both holds this load at {p.aggregated_itl_ratio:.2f} of the ITL "
+                f"SLO (estimate)")
+    return None
 
 
 def disaggregation_pays(p: Pressures, split: SplitEstimate | None, layout: DesiredPools,
@@ -856,9 +873,8 @@ class Planner:
                 held = f"hysteresis {streak}/{s.hysteresis_steps}"
             elif model.flipping:
                 held = "flip in progress: " + ",".join(sorted(w.worker_id for w in model.flipping))
-            elif estimates_pending(condition, p, current, state, now, s):
-                held = (f"the engine profile's estimates decide this: their load rates cover "
-                        f"{now - state.first_step_at:.1f} of {s.window_s:g} s")
+            elif (waiting := held_for_estimates(condition, p, current, state, now, s)) is not None:
+                held = waiting
             elif (state.last_move_at is not None and now - state.last_move_at < s.window_s and not crossing
                   and not (queue_driven and state.last_move_condition in _QUEUE_SETTLES)):
                 held = f"settling: the latency window predates the last move ({now - state.last_move_at:.1f} s ago)"

@@ -155,13 +155,34 @@ def test_no_split_where_the_estimate_says_aggregated_serving_holds() -> None:
     planner = warmed(Planner(settings()), layout(0, 0, 8))
     for t in (0.0, 2.0, 4.0):
         light = planner.step(mixing(layout(0, 0, 8), rate=8.0, itl_ms=44.0), t).decision(MODEL)
-        assert light is not None and light.condition is Condition.DECODE_BOUND  # the old path: one worker at a time
-        assert len(light.moves) <= 1 and light.pressures.split_prefill is not None
+        assert light is not None and light.condition is Condition.DECODE_BOUND
+        assert light.pressures.split_prefill is not None
+        # nor a rule's move: a ``both`` worker moved to decode for a burst comes back at the next quiet period
+        assert not light.moves and (t == 0.0 or "a burst's spread" in (light.held or ""))
         # the estimate is under ``headroom``; the ITL beyond its margin makes the profile's correction (calibration.py)
         # 44 x 0.7 / 24.8 ms = 1.24, and the corrected estimate is still in the band's lower half: no split
         ratio, correction = light.pressures.aggregated_itl_ratio, light.pressures.mixing_correction
         assert ratio is not None and correction is not None and ratio / correction < 0.7
         assert correction == pytest.approx(1.24, abs=0.01) and ratio < (0.7 + 1.0) / 2
+
+
+def test_a_bursts_itl_breach_moves_no_worker_of_an_all_both_layout_the_estimate_says_holds() -> None:
+    """The rules' move for the breach above (``decode_bound``: a ``both`` worker to decode) is held with a profile, and
+    only in an all-``both`` layout: in the evaluation's bursts from all-``both`` that worker went to decode on each
+    burst and back to ``both`` in each quiet period. Without a profile, or with a prefill worker in the layout, the
+    rule acts."""
+    planner = warmed(Planner(settings()), layout(0, 0, 8))
+    planner.step(mixing(layout(0, 0, 8), rate=8.0, itl_ms=44.0), 0.0)
+    held = planner.step(mixing(layout(0, 0, 8), rate=8.0, itl_ms=44.0), 2.0).decision(MODEL)
+    assert held is not None and not held.moves and held.held is not None and held.held.startswith("a burst's spread")
+    planner = warmed(Planner(settings(profile=None)), layout(0, 0, 8))
+    planner.step(mixing(layout(0, 0, 8), rate=8.0, itl_ms=44.0), 0.0)
+    rules = planner.step(mixing(layout(0, 0, 8), rate=8.0, itl_ms=44.0), 2.0).decision(MODEL)
+    assert rules is not None and moves(rules) == [(B, D)]
+    planner = warmed(Planner(settings()), layout(1, 0, 7))
+    planner.step(mixing(layout(1, 0, 7), rate=8.0, itl_ms=44.0), 0.0)
+    mixed = planner.step(mixing(layout(1, 0, 7), rate=8.0, itl_ms=44.0), 2.0).decision(MODEL)
+    assert mixed is not None and mixed.moves and mixed.held is None
 
 
 def test_workers_that_crossed_to_both_for_the_load_keep_their_cooldown() -> None:
