@@ -318,7 +318,8 @@ async def test_the_planner_splits_real_aggregated_workers_again_when_mixing_brea
     misses leave this the only move open; the cooldown keeps each moved worker where it went. Ten steps of evidence
     (5 s) where the other tests ask three: the split is sized from load rates over a whole window (4 s), and until
     then the ITL breach in an all-``both`` layout reads ``decode_bound`` (a ``both`` worker to decode), whose streak
-    must not reach its hysteresis first."""
+    must not reach its hysteresis first (since ``fdd121b`` the planner also holds that move itself while it has a
+    profile and the window is not covered: ``held_for_estimates``)."""
     c = cluster
     headers = {"Authorization": f"Bearer {MASTER_KEY}"}
     start = {w.worker_id: w.role for w in await FileRegistry(c.registry).snapshot()}
