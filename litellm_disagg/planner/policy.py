@@ -496,8 +496,16 @@ def band_middle(settings: PlannerSettings) -> float:
     return (settings.headroom + 1.0) / 2.0
 
 
-def held_for_estimates(condition: Condition, p: Pressures, layout: DesiredPools, state: _ModelState, now: float,
-                       settings: PlannerSettings) -> str | None:
+def burst_spread(aggregated: MixedEstimate | None, settings: PlannerSettings) -> bool:
+    """The estimate for every worker as ``both`` holds the window's load in the lower half of the crossing's band
+    (``band_middle`` of the ITL SLO, prompts within ``aggregate_busy_max``): an ITL breach then is a burst's spread,
+    not a load that a split or a decode worker more would serve better."""
+    return aggregated is not None and aggregated.holds(settings.itl_ms, band_middle(settings),
+                                                       settings.aggregate_busy_max)
+
+
+def held_for_estimates(condition: Condition, p: Pressures, aggregated: MixedEstimate | None, layout: DesiredPools,
+                       state: _ModelState, now: float, settings: PlannerSettings) -> str | None:
     """Why an ITL breach of ``both`` workers (``decode_bound`` driven by the ITL, ``mixing_costly``) makes no rule's
     move when the planner has an engine profile; None: the rules act.
 
@@ -520,9 +528,7 @@ def held_for_estimates(condition: Condition, p: Pressures, layout: DesiredPools,
         return (f"the engine profile's estimates decide this: their load rates cover "
                 f"{now - state.first_step_at:.1f} of {settings.window_s:g} s")
     all_both = layout.prefill == 0 and layout.decode == 0
-    if (condition is Condition.DECODE_BOUND and all_both and p.aggregated_itl_ratio is not None
-            and p.aggregated_itl_ratio <= band_middle(settings)
-            and (p.aggregated_busy or 0.0) <= settings.aggregate_busy_max):
+    if condition is Condition.DECODE_BOUND and all_both and burst_spread(aggregated, settings):
         return (f"a burst's spread: every worker as both holds this load at {p.aggregated_itl_ratio:.2f} of the ITL "
                 f"SLO (estimate)")
     return None
@@ -542,7 +548,7 @@ def disaggregation_pays(p: Pressures, split: SplitEstimate | None, layout: Desir
         return False
     if splitting:
         return True
-    if aggregated is not None and aggregated.holds(settings.itl_ms, band_middle(settings), settings.aggregate_busy_max):
+    if burst_spread(aggregated, settings):
         # the estimate says every worker as ``both`` holds this load in the lower half of the crossing's band (under
         # ``headroom`` ``aggregation_pays`` crosses, up to 1.0 a crossing goes on): an ITL over its SLO then is the
         # load's spread (a burst), and a split sized to the window's mean load would leave the next burst nothing
@@ -873,7 +879,7 @@ class Planner:
                 held = f"hysteresis {streak}/{s.hysteresis_steps}"
             elif model.flipping:
                 held = "flip in progress: " + ",".join(sorted(w.worker_id for w in model.flipping))
-            elif (waiting := held_for_estimates(condition, p, current, state, now, s)) is not None:
+            elif (waiting := held_for_estimates(condition, p, estimate, current, state, now, s)) is not None:
                 held = waiting
             elif (state.last_move_at is not None and now - state.last_move_at < s.window_s and not crossing
                   and not (queue_driven and state.last_move_condition in _QUEUE_SETTLES)):
