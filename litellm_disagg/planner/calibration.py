@@ -18,7 +18,9 @@ correction factor (observed over expected latency, applied to its profile's pred
 corrects toward dearer mixing. A profile that overprices mixing costs at worst the no-profile behaviour; one that
 underprices it crosses where mixing breaks the ITL, and a window of a well-served low load must not undo what a
 loaded window showed. So the correction rises at once to what a window shows, and falls halfway toward it (never
-under 1.0) on a window that shows less, at most once per window.
+under 1.0) on a window that shows less, at most once per window. Only a window of a steady load raises it (the
+policy asks ``steadiness.py``): the estimate prices the window's mean rates, and a window of bursts shows an ITL
+above what those rates would; it may still lower it.
 
 The operator can make the same check before the planner is given the profile (``litellm-disagg profile
 --check-load``, ``mixing_check.py``); its largest correction is the profile's ``mixing_correction``, the planner's
@@ -41,16 +43,17 @@ def observed_factor(observed_itl_ms: float, estimated_itl_ms: float, margin: flo
 
 
 def mixing_correction(previous: float, observed_itl_ms: float | None, estimated_itl_ms: float | None,
-                      margin: float, *, may_lower: bool = True) -> float:
+                      margin: float, *, may_lower: bool = True, may_raise: bool = True) -> float:
     """The correction after one settled window of every worker ``both``: up at once to the window's factor when that
-    is higher, else (``may_lower``: the policy lowers it once per window, not at every step over the same requests)
-    halfway down toward it, never under 1.0. ``previous`` when the window says nothing (no ITL percentile, or no
-    finite estimate: the workers would not keep up with their prompts)."""
+    is higher (``may_raise``: the window's load was steady; a window of bursts shows an ITL above what its mean rates
+    would, so it never shows mixing dearer), else (``may_lower``: the policy lowers it once per window, not at every
+    step over the same requests) halfway down toward it, never under 1.0. ``previous`` when the window says nothing
+    (no ITL percentile, or no finite estimate: the workers would not keep up with their prompts)."""
     if observed_itl_ms is None or estimated_itl_ms is None:
         return previous
     factor = observed_factor(observed_itl_ms, estimated_itl_ms, margin)
     if factor >= previous:
-        return factor
+        return factor if may_raise else previous
     if not may_lower:
         return previous
     return max(1.0, previous - 0.5 * (previous - max(1.0, factor)))

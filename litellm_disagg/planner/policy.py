@@ -84,8 +84,9 @@ How it decides, per served model, at every step:
    ``allow_aggregated``. ``disaggregation_pays`` is the way back with a profile: from the same evidence as
    ``mixing_costly`` it goes straight to the split the profile sizes, where ``mixing_costly`` (without a profile)
    moves one step at a time and waits out a settling window after each. Both read the mixed-step estimate times the
-   model's *mixing correction* (``calibration.py``): a settled window of every worker ``both`` whose ITL percentile
-   is beyond the estimate's margin shows the profile underprices mixing, and by how much. ``mixing_costly`` is the
+   model's *mixing correction* (``calibration.py``): a settled window of every worker ``both`` under a steady load
+   (``steadiness.py``: a window of bursts never raises it) whose ITL percentile is beyond the estimate's margin
+   shows the profile underprices mixing, and by how much. ``mixing_costly`` is the
    way back: "aggregation does not pay". A ``both`` worker mixes prefill chunks into its decode steps; while prompts
    keep arriving (prefill busy) and the decode side's batches and KV are far from full, an ITL over its SLO is those
    mixed steps, not decode work, so the answer is to split the ``both`` workers again, not to take prefill workers
@@ -148,6 +149,7 @@ from litellm_disagg.planner.mixing import (
 )
 from litellm_disagg.planner.settings import PlannerSettings
 from litellm_disagg.planner.signals import ClusterSignals, ModelSignals, WorkerSignals
+from litellm_disagg.planner.steadiness import RateHistory
 from litellm_disagg.planner.trend import QueueHistory, QueueTrend
 from litellm_disagg.runtime_config import WorkerRole
 
@@ -203,6 +205,9 @@ class Pressures:
     """The factor the aggregated estimate's ITL is multiplied by (``calibration.py``: the profile's own
     ``mixing_correction``, 1.0 unless set, until a settled window of every worker ``both`` moves it); None: no engine
     profile."""
+    load_swing: float | None = None
+    """The windowed prompt rate's largest over smallest reading over the last ``window_s`` (``steadiness.py``):
+    over ``steady_swing_max`` the window does not raise the mixing correction; None: fewer than two readings."""
 
     def as_fields(self) -> dict[str, float | str | None]:
         """Flat fields for a log line or a metric (names are the ``planner_signal`` label values)."""
@@ -224,6 +229,7 @@ class Pressures:
             "split_prefill": None if self.split_prefill is None else float(self.split_prefill),
             "split_itl_ratio": _round(self.split_itl_ratio),
             "mixing_correction": _round(self.mixing_correction),
+            "load_swing": _round(self.load_swing),
         }
 
 
@@ -331,6 +337,8 @@ class _ModelState:
     mixed steps)."""
     queue: QueueHistory = field(default_factory=QueueHistory)
     """The prefill queue's samples since the serving layout last changed (its growth: ``trend.py``)."""
+    rates: RateHistory = field(default_factory=RateHistory)
+    """The windowed prompt rate step by step (whether the window's load was steady: ``steadiness.py``)."""
 
 
 @dataclass
@@ -799,6 +807,7 @@ class Planner:
         s = self._settings
         state = self._state.models.setdefault(model.model, _ModelState())
         trend = state.queue.observe(model, now, s.window_s)
+        state.rates.observe(now, model.prompt_tokens_per_s, s.window_s)
         p = pressures(model, s, trend)
         active = model.active
         current = _layout(model.model, active)
@@ -811,11 +820,15 @@ class Planner:
                 # the operator's check of the profile (``profile --check-load``) is where the correction starts
                 state.mixing_correction = s.engine_profile.mixing_correction
         estimate = estimate_aggregated(model, current.total, s)
+        swing = state.rates.swing(now, s.window_s)
+        p = replace(p, load_swing=swing)
         if estimate is not None and all_both_settled(model, current, state, now, s):
             ratio = model.itl.ratio(s.itl_ms, s.min_samples)
             may_lower = state.correction_at is None or now - state.correction_at >= s.window_s
+            # a window of bursts may lower the correction, never raise it (``steadiness.py``); None: too few readings
+            steady = swing is None or swing <= s.steady_swing_max
             correction = mixing_correction(state.mixing_correction, None if ratio is None else ratio * s.itl_ms,
-                                           estimate.itl_ms, s.headroom, may_lower=may_lower)
+                                           estimate.itl_ms, s.headroom, may_lower=may_lower, may_raise=steady)
             if correction > state.mixing_correction:
                 state.correction_rose_at = now
             if correction != state.mixing_correction:

@@ -83,6 +83,11 @@ class PlannerSettings(BaseModel):
     aggregate_busy_max: Annotated[float, Field(gt=0, lt=1)] = 0.9
     """With ``engine_profile``: the largest share of a ``both`` worker's time the estimate may spend on prompt chunks
     for aggregated serving to count as keeping up (its prompts queue without bound as the share nears 1)."""
+    steady_swing_max: Annotated[float, Field(ge=1)] = 1.5
+    """With ``engine_profile``: a window may raise the mixing correction (``calibration.py``) only when the load was
+    steady over it: the windowed prompt rate's readings over the last ``window_s``, largest over smallest, at most
+    this (``steadiness.py``); any window may lower it. In the evaluation, Poisson arrivals at a loaded rate gave
+    1.02-1.53 (medians 1.08-1.17) and its bursts (3x the mean rate for 4 s of every 20) 1.54 and over."""
     hook_command: list[str] | None = None
     """Run when the desired pool sizes change: argv (no shell), with ``MODEL PREFILL DECODE BOTH`` appended and the
     same in ``LITELLM_DISAGG_DESIRED_*`` environment variables. For an external autoscaler."""
