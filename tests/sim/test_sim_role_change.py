@@ -65,6 +65,17 @@ class Traffic:
         target = self.sent + more
         await eventually(lambda: self.sent >= target or bool(self.failures), timeout_s=180)
 
+    async def until(self, landed, most: int, step: int = 8) -> bool:
+        """Send requests ``step`` at a time until ``landed()`` (an async check) holds, at most ``most`` more
+        requests: where new work goes is the selection's choice among the pool, so the test waits for the work to
+        land by a request count, never by a clock."""
+        target = self.sent + most
+        while self.sent < target and not self.failures:
+            await self.at_least(step)
+            if await landed():
+                return True
+        return False
+
     async def stop(self) -> None:
         self._stop.set()
         await asyncio.gather(*self._tasks)
@@ -95,16 +106,22 @@ async def test_workers_change_pool_under_steady_traffic_through_the_proxy(tmp_pa
                     await eventually(lambda: flip_d.role is WorkerRole.PREFILL, timeout_s=30)
                     await traffic.at_least(8)
                     baseline = flip_d.engine.stats.finished
-                    await traffic.at_least(12)
-                    assert flip_d.engine.stats.finished > baseline, "no prefill landed on the flipped worker"
+
+                    async def prefilled() -> bool:
+                        return flip_d.engine.stats.finished > baseline
+
+                    assert await traffic.until(prefilled, most=160), "no prefill landed on the flipped worker"
 
                     # prefill -> decode: flip-p joins the decode pool and pulls KV from the prefill workers.
                     pulled = await metric(c, flip_p, EXTERNAL, source="external_kv_transfer")
                     await planner.request_role("flip-p", WorkerRole.DECODE)
                     await eventually(lambda: flip_p.role is WorkerRole.DECODE, timeout_s=30)
-                    await traffic.at_least(16)
-                    assert await metric(c, flip_p, EXTERNAL, source="external_kv_transfer") > pulled, \
-                        "no decode landed on the flipped worker"
+
+                    async def decoded() -> bool:
+                        return await metric(c, flip_p, EXTERNAL, source="external_kv_transfer") > pulled
+
+                    assert await traffic.until(decoded, most=160), "no decode landed on the flipped worker"
+                    await traffic.at_least(8)  # and requests go on flowing over the new pools
                 finally:
                     await traffic.stop()
                 assert traffic.failures == [], traffic.failures[:5]
