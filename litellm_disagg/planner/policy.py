@@ -68,7 +68,8 @@ How it decides, per served model, at every step:
                                                                            none while both latencies meet their
                                                                            SLOs (ITL under ``headroom``, TTFT
                                                                            under 1) and prefill is busy
-   low_load       both pressures < ``aggregate_below``                     prefill, then decode -> both
+   low_load       both pressures < ``aggregate_below``, the prefill side     prefill, then decode -> both
+                  measured, or no prompt arriving
    transfer_costly transfer share > ``transfer_share_max``, both sides     prefill, then decode -> both
                   under ``headroom``
    steady         otherwise                                                none
@@ -582,10 +583,19 @@ def aggregation_pays(p: Pressures, estimate: MixedEstimate | None, settings: Pla
     return p.prefill > 1.0 or p.decode > 1.0
 
 
+def unmeasured_prefill(p: Pressures) -> bool:
+    """Whether nothing measured the prefill side this step: no TTFT or prefill-time window with enough samples, no
+    queue, no trend. Its pressure then reads 0.0 for want of evidence, not as evidence of an idle side."""
+    return all(r is None for r in (p.ttft_ratio, p.queue_ratio, p.prefill_time_ratio, p.trend_ratio))
+
+
 def condition_of(p: Pressures, settings: PlannerSettings, *, disaggregated: bool,
-                 aggregated_workers: bool = False) -> Condition:
+                 aggregated_workers: bool = False, prompts_arriving: bool = False) -> Condition:
     """The first condition that holds (module docstring, step 2). ``disaggregated``: some worker is not ``both``;
-    ``aggregated_workers``: some worker is ``both``."""
+    ``aggregated_workers``: some worker is ``both``; ``prompts_arriving``: the window's prompt rate is measured and
+    over zero. ``low_load`` asks for a prefill side known to be quiet: with prompts arriving and nothing measured
+    there (the window has no first token yet: a planner just started on a loaded split, or first tokens slower
+    than the window), the load is not known to be low and the step is ``steady``."""
     if aggregated_workers and disaggregated and mixing_costly(p, settings):
         return Condition.MIXING_COSTLY
     if p.prefill > 1.0 and p.decode > 1.0:
@@ -600,7 +610,8 @@ def condition_of(p: Pressures, settings: PlannerSettings, *, disaggregated: bool
         # ``both``) before decode misses it; the latency windows lag a shift by up to ``window_s``
         return Condition.DECODE_BOUND
     if settings.allow_aggregated and disaggregated:
-        if p.prefill < settings.aggregate_below and p.decode < settings.aggregate_below:
+        if (p.prefill < settings.aggregate_below and p.decode < settings.aggregate_below
+                and not (prompts_arriving and unmeasured_prefill(p))):
             return Condition.LOW_LOAD
         if (p.transfer_share is not None and p.transfer_share > settings.transfer_share_max
                 and p.prefill < settings.headroom and p.decode < settings.headroom):
@@ -859,7 +870,8 @@ class Planner:
             to_decode, to_prefill = split_moves_needed(current, split)
             quota = {WorkerRole.DECODE: to_decode, WorkerRole.PREFILL: to_prefill}
         else:
-            condition = condition_of(p, s, disaggregated=disaggregated, aggregated_workers=current.both > 0)
+            condition = condition_of(p, s, disaggregated=disaggregated, aggregated_workers=current.both > 0,
+                                     prompts_arriving=(model.prompt_tokens_per_s or 0.0) > 0.0)
             crossing = False
         # a condition that asked for moves into ``both`` is evidence for the crossing into ``both`` too: its streak
         # carries over (on a shift to generation-heavy, idle prefill workers' ``decode_bound`` turns into the crossing)

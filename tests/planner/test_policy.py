@@ -357,3 +357,25 @@ def test_only_roles_the_launch_serves() -> None:
     only_fixed = [w("p0", P), w("d0", D, servable_roles=frozenset()), w("d1", D, servable_roles=frozenset())]
     step = Planner(settings()).step(cluster(only_fixed, ttft=3000, itl=10), 0)
     assert step.moves == () and step.decisions[0].held == "no movable worker: launch cannot serve prefill"
+
+
+def test_a_split_with_prompts_arriving_and_no_first_token_yet_is_not_low_load() -> None:
+    """A planner started on a loaded split (``litellm-disagg planner`` beside a running proxy, or first tokens
+    slower than the window) has no TTFT sample and no queue measured yet while prompts arrive: the prefill
+    pressure reads 0.0 for want of evidence. Seen on real CPU workers (bench.planner_crossing): both workers moved to
+    ``both`` on ``low_load`` 4 s after the planner started, under a load whose first tokens took 15-19 s."""
+    loaded = ClusterSignals((ModelSignals(MODEL, tuple(layout(1, 1)), lat(None), lat(None), lat(None),
+                                          prompt_tokens_per_s=300.0, output_tokens_per_s=10.0),))
+    planner = Planner(settings(hysteresis_steps=2))
+    for t in range(4):
+        step = planner.step(loaded, now=t)
+        assert step.decisions[0].condition is Condition.STEADY and step.moves == ()
+    # no prompt arriving (an idle split: the rate measured at zero) is low load, as before
+    idle = ClusterSignals((ModelSignals(MODEL, tuple(layout(1, 1)), lat(None), lat(None), lat(None),
+                                        prompt_tokens_per_s=0.0, output_tokens_per_s=0.0),))
+    assert Planner(settings()).step(idle, now=0).decisions[0].condition is Condition.LOW_LOAD
+    # ... and so is a prompt rate not measured at all (no KV routing), and a measured quiet prefill side
+    assert Planner(settings()).step(cluster(layout(1, 1)), now=0).decisions[0].condition is Condition.LOW_LOAD
+    quiet = ClusterSignals((ModelSignals(MODEL, tuple(layout(1, 1)), lat(50), lat(2), lat(None),
+                                         prompt_tokens_per_s=300.0, output_tokens_per_s=10.0),))
+    assert Planner(settings()).step(quiet, now=0).decisions[0].condition is Condition.LOW_LOAD
