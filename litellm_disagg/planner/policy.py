@@ -69,7 +69,7 @@ How it decides, per served model, at every step:
                                                                            SLOs (ITL under ``headroom``, TTFT
                                                                            under 1) and prefill is busy
    low_load       both pressures < ``aggregate_below``, the prefill side     prefill, then decode -> both
-                  measured, or no prompt arriving
+                  measured or no prompt arriving (``prefill_idle``)
    transfer_costly transfer share > ``transfer_share_max``, both sides     prefill, then decode -> both
                   under ``headroom``
    steady         otherwise                                                none
@@ -209,6 +209,20 @@ class Pressures:
     load_swing: float | None = None
     """The windowed prompt rate's largest over smallest reading over the last ``window_s`` (``steadiness.py``):
     over ``steady_swing_max`` the window does not raise the mixing correction; None: fewer than two readings."""
+    prefill_unmeasured: bool = False
+    """Nothing measured the prefill side (no TTFT or prefill-time window with ``min_samples``, no queue, no trend:
+    ``litellm-disagg planner`` on its own has no queue; at a few requests a second a window holds few first tokens,
+    and none while they take longer than it) while prompts arrive (the window's prompt rate is over zero) or the
+    planner has not yet seen the model for a whole ``window_s`` (a rate read over its first seconds can be zero
+    under load). ``prefill`` then reads 0.0 for want of evidence; ``prefill_idle`` does not count it as idle."""
+
+    def prefill_idle(self, settings: PlannerSettings) -> bool:
+        """The prefill side is known to be nearly idle: pressure under ``aggregate_below``, and measured (or no
+        prompt arriving over a whole window). What ``low_load`` and the aggregating ``decode_bound`` ask (moves
+        that rest on an idle prefill side). The guards that protect a busy prefill side (``mixing_costly``, the
+        KV-driven ``decode_bound``) still read the pressure itself: an unmeasured side is not known to be busy
+        either."""
+        return self.prefill < settings.aggregate_below and not self.prefill_unmeasured
 
     def as_fields(self) -> dict[str, float | str | None]:
         """Flat fields for a log line or a metric (names are the ``planner_signal`` label values)."""
@@ -231,6 +245,7 @@ class Pressures:
             "split_itl_ratio": _round(self.split_itl_ratio),
             "mixing_correction": _round(self.mixing_correction),
             "load_swing": _round(self.load_swing),
+            "prefill_unmeasured": 1.0 if self.prefill_unmeasured else 0.0,
         }
 
 
@@ -351,9 +366,12 @@ class _State:
     """worker id -> the condition of its last move, while its cooldown runs (``splits_back``)."""
 
 
-def pressures(model: ModelSignals, settings: PlannerSettings, trend: QueueTrend | None = None) -> Pressures:
+def pressures(model: ModelSignals, settings: PlannerSettings, trend: QueueTrend | None = None, *,
+              window_covered: bool = True) -> Pressures:
     """The model's prefill and decode pressures (see the module docstring, step 1). Pure; ``trend`` is the prefill
-    queue's growth (``QueueHistory.observe``), None when not measured."""
+    queue's growth (``QueueHistory.observe``), None when not measured; ``window_covered``: the planner has seen the
+    model for a whole ``window_s`` (before that, a prompt rate of zero is a few seconds without an arrival, not an
+    idle model)."""
     ttft_ratio = model.ttft.ratio(settings.ttft_ms, settings.min_samples)
     itl_ratio = model.itl.ratio(settings.itl_ms, settings.min_samples)
     transfer_share = model.transfer.ratio(settings.ttft_ms, settings.min_samples)
@@ -384,8 +402,10 @@ def pressures(model: ModelSignals, settings: PlannerSettings, trend: QueueTrend 
     driver, decode = max(known, key=lambda t: t[1]) if known else (DecodeDriver.NONE, 0.0)
     if decode <= 0.0:
         driver = DecodeDriver.NONE
+    unmeasured = (all(r is None for r in (latency_term, queue_ratio, trend_ratio))
+                  and ((model.prompt_tokens_per_s or 0.0) > 0.0 or not window_covered))
     return Pressures(prefill, decode, driver, ttft_ratio, queue_ratio, itl_ratio, occupancy_ratio, kv_ratio,
-                     transfer_share, prefill_time_ratio, trend_ratio, needed)
+                     transfer_share, prefill_time_ratio, trend_ratio, needed, prefill_unmeasured=unmeasured)
 
 
 def mixing_costly(p: Pressures, settings: PlannerSettings) -> bool:
@@ -583,19 +603,10 @@ def aggregation_pays(p: Pressures, estimate: MixedEstimate | None, settings: Pla
     return p.prefill > 1.0 or p.decode > 1.0
 
 
-def unmeasured_prefill(p: Pressures) -> bool:
-    """Whether nothing measured the prefill side this step: no TTFT or prefill-time window with enough samples, no
-    queue, no trend. Its pressure then reads 0.0 for want of evidence, not as evidence of an idle side."""
-    return all(r is None for r in (p.ttft_ratio, p.queue_ratio, p.prefill_time_ratio, p.trend_ratio))
-
-
 def condition_of(p: Pressures, settings: PlannerSettings, *, disaggregated: bool,
-                 aggregated_workers: bool = False, prompts_arriving: bool = False) -> Condition:
+                 aggregated_workers: bool = False) -> Condition:
     """The first condition that holds (module docstring, step 2). ``disaggregated``: some worker is not ``both``;
-    ``aggregated_workers``: some worker is ``both``; ``prompts_arriving``: the window's prompt rate is measured and
-    over zero. ``low_load`` asks for a prefill side known to be quiet: with prompts arriving and nothing measured
-    there (the window has no first token yet: a planner just started on a loaded split, or first tokens slower
-    than the window), the load is not known to be low and the step is ``steady``."""
+    ``aggregated_workers``: some worker is ``both``."""
     if aggregated_workers and disaggregated and mixing_costly(p, settings):
         return Condition.MIXING_COSTLY
     if p.prefill > 1.0 and p.decode > 1.0:
@@ -604,14 +615,13 @@ def condition_of(p: Pressures, settings: PlannerSettings, *, disaggregated: bool
         return Condition.PREFILL_BOUND if p.decode < settings.headroom else Condition.OVERLOADED
     if p.decode > 1.0:
         return Condition.DECODE_BOUND if p.prefill < settings.headroom else Condition.OVERLOADED
-    if (settings.allow_aggregated and disaggregated and p.prefill < settings.aggregate_below
+    if (settings.allow_aggregated and disaggregated and p.prefill_idle(settings)
             and p.decode >= settings.headroom):
         # prefill nearly idle while decode nears its SLO: the idle prefill workers join the decode side (as
         # ``both``) before decode misses it; the latency windows lag a shift by up to ``window_s``
         return Condition.DECODE_BOUND
     if settings.allow_aggregated and disaggregated:
-        if (p.prefill < settings.aggregate_below and p.decode < settings.aggregate_below
-                and not (prompts_arriving and unmeasured_prefill(p))):
+        if p.prefill_idle(settings) and p.decode < settings.aggregate_below:
             return Condition.LOW_LOAD
         if (p.transfer_share is not None and p.transfer_share > settings.transfer_share_max
                 and p.prefill < settings.headroom and p.decode < settings.headroom):
@@ -673,7 +683,7 @@ def _routes(condition: Condition, p: Pressures, settings: PlannerSettings, *,
             return []
         return [(WorkerRole.BOTH, WorkerRole.PREFILL), (WorkerRole.DECODE, WorkerRole.PREFILL)]
     if condition is Condition.DECODE_BOUND:
-        if settings.allow_aggregated and p.prefill < settings.aggregate_below:
+        if settings.allow_aggregated and p.prefill_idle(settings):
             # prefill is nearly idle: its workers join the decode side and still prefill (short prompts ride on
             # decode steps almost for free), then decode workers prefill locally too (no transfer)
             return [(WorkerRole.PREFILL, WorkerRole.BOTH), (WorkerRole.DECODE, WorkerRole.BOTH)]
@@ -747,8 +757,7 @@ def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settin
     worker (each one mixes), fewer when the decode side would lose its headroom. ``transfer_costly`` moves one."""
     cap = settings.max_moves_per_step
     if condition in (Condition.AGGREGATION_PAYS, Condition.DISAGGREGATION_PAYS, Condition.LOW_LOAD) or (
-            condition is Condition.DECODE_BOUND and settings.allow_aggregated
-            and p.prefill < settings.aggregate_below):
+            condition is Condition.DECODE_BOUND and settings.allow_aggregated and p.prefill_idle(settings)):
         return cap
     if condition is Condition.PREFILL_BOUND:
         pressure, size = p.prefill, model.prefill_pool.size
@@ -819,17 +828,17 @@ class Planner:
         state = self._state.models.setdefault(model.model, _ModelState())
         trend = state.queue.observe(model, now, s.window_s)
         state.rates.observe(now, model.prompt_tokens_per_s, s.window_s)
-        p = pressures(model, s, trend)
-        active = model.active
-        current = _layout(model.model, active)
-        if state.split_at is not None and now - state.split_at < s.window_s and current.both == 0:
-            p = without_itl(p)
-        disaggregated = current.prefill + current.decode > 0
         if state.first_step_at is None:
             state.first_step_at = now
             if s.engine_profile is not None:
                 # the operator's check of the profile (``profile --check-load``) is where the correction starts
                 state.mixing_correction = s.engine_profile.mixing_correction
+        p = pressures(model, s, trend, window_covered=now - state.first_step_at >= s.window_s)
+        active = model.active
+        current = _layout(model.model, active)
+        if state.split_at is not None and now - state.split_at < s.window_s and current.both == 0:
+            p = without_itl(p)
+        disaggregated = current.prefill + current.decode > 0
         estimate = estimate_aggregated(model, current.total, s)
         swing = state.rates.swing(now, s.window_s)
         p = replace(p, load_swing=swing)
@@ -870,8 +879,7 @@ class Planner:
             to_decode, to_prefill = split_moves_needed(current, split)
             quota = {WorkerRole.DECODE: to_decode, WorkerRole.PREFILL: to_prefill}
         else:
-            condition = condition_of(p, s, disaggregated=disaggregated, aggregated_workers=current.both > 0,
-                                     prompts_arriving=(model.prompt_tokens_per_s or 0.0) > 0.0)
+            condition = condition_of(p, s, disaggregated=disaggregated, aggregated_workers=current.both > 0)
             crossing = False
         # a condition that asked for moves into ``both`` is evidence for the crossing into ``both`` too: its streak
         # carries over (on a shift to generation-heavy, idle prefill workers' ``decode_bound`` turns into the crossing)

@@ -359,23 +359,43 @@ def test_only_roles_the_launch_serves() -> None:
     assert step.moves == () and step.decisions[0].held == "no movable worker: launch cannot serve prefill"
 
 
-def test_a_split_with_prompts_arriving_and_no_first_token_yet_is_not_low_load() -> None:
-    """A planner started on a loaded split (``litellm-disagg planner`` beside a running proxy, or first tokens
-    slower than the window) has no TTFT sample and no queue measured yet while prompts arrive: the prefill
-    pressure reads 0.0 for want of evidence. Seen on real CPU workers (bench.planner_crossing): both workers moved to
-    ``both`` on ``low_load`` 4 s after the planner started, under a load whose first tokens took 15-19 s."""
-    loaded = ClusterSignals((ModelSignals(MODEL, tuple(layout(1, 1)), lat(None), lat(None), lat(None),
-                                          prompt_tokens_per_s=300.0, output_tokens_per_s=10.0),))
+def test_a_split_with_prompts_arriving_and_no_first_token_yet_is_not_idle() -> None:
+    """A planner started on a loaded split (``litellm-disagg planner`` beside a running proxy: no queue measured),
+    or one whose window holds fewer first tokens than ``min_samples`` (a few requests a second, or first tokens
+    slower than the window), has no evidence on the prefill side while prompts arrive: the prefill pressure reads
+    0.0 for want of it, and is not taken for an idle side. Seen on real CPU workers (bench.planner_crossing): both
+    workers moved to ``both`` on ``low_load`` 4 s after the planner started, under a load whose first tokens took
+    15-19 s; and on ``decode_bound``'s aggregating branch (ITL at 0.72-0.8 of its SLO) with a TTFT window of 3
+    samples at 1.4x its SLO."""
+    def signals(ttft: float | None, itl: float | None, rate: float) -> ClusterSignals:
+        return ClusterSignals((ModelSignals(MODEL, tuple(layout(1, 1)), lat(ttft), lat(itl), lat(None),
+                                            prompt_tokens_per_s=rate, output_tokens_per_s=10.0),))
+
     planner = Planner(settings(hysteresis_steps=2))
     for t in range(4):
-        step = planner.step(loaded, now=t)
-        assert step.decisions[0].condition is Condition.STEADY and step.moves == ()
-    # no prompt arriving (an idle split: the rate measured at zero) is low load, as before
-    idle = ClusterSignals((ModelSignals(MODEL, tuple(layout(1, 1)), lat(None), lat(None), lat(None),
-                                        prompt_tokens_per_s=0.0, output_tokens_per_s=0.0),))
-    assert Planner(settings()).step(idle, now=0).decisions[0].condition is Condition.LOW_LOAD
-    # ... and so is a prompt rate not measured at all (no KV routing), and a measured quiet prefill side
-    assert Planner(settings()).step(cluster(layout(1, 1)), now=0).decisions[0].condition is Condition.LOW_LOAD
-    quiet = ClusterSignals((ModelSignals(MODEL, tuple(layout(1, 1)), lat(50), lat(2), lat(None),
-                                         prompt_tokens_per_s=300.0, output_tokens_per_s=10.0),))
-    assert Planner(settings()).step(quiet, now=0).decisions[0].condition is Condition.LOW_LOAD
+        step = planner.step(signals(None, None, 300.0), now=t)
+        decision = step.decisions[0]
+        assert decision.condition is Condition.STEADY and step.moves == ()
+        assert decision.pressures.prefill_unmeasured and decision.pressures.as_fields()["prefill_unmeasured"] == 1.0
+    # the decode side near its SLO (ITL at 0.8 of it) beside an unmeasured prefill side: no move to ``both``
+    step = Planner(settings()).step(signals(None, 40, 300.0), now=0)
+    assert step.decisions[0].condition is Condition.STEADY and step.moves == ()
+    # ... where a measured quiet prefill side is idle, as before
+    assert Planner(settings()).step(signals(50, 40, 300.0), now=0).decisions[0].condition is Condition.DECODE_BOUND
+    assert Planner(settings()).step(signals(50, 2, 300.0), now=0).decisions[0].condition is Condition.LOW_LOAD
+
+    def after_a_window(model: ClusterSignals) -> Condition:
+        planner = Planner(settings(window_s=10))
+        planner.step(model, now=0)
+        planner.step(model, now=5)
+        return planner.step(model, now=10).decisions[0].condition
+
+    # no prompt arriving, and a prompt rate not measured at all (no KV routing), say nothing in the planner's first
+    # window (a rate read over a planner's first seconds was zero under a load on real workers: a lull between two
+    # arrivals) and are idle once it has seen a whole one, as before
+    for idle, condition in ((signals(None, 40, 0.0), Condition.DECODE_BOUND),
+                            (signals(None, None, 0.0), Condition.LOW_LOAD),
+                            (cluster(layout(1, 1)), Condition.LOW_LOAD)):
+        first = Planner(settings(window_s=10)).step(idle, now=0).decisions[0]
+        assert first.condition is Condition.STEADY and first.pressures.prefill_unmeasured
+        assert after_a_window(idle) is condition
