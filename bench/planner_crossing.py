@@ -75,12 +75,15 @@ class Setup:
     itl_ms: float
     prompt_tokens: int
     output_tokens: int
+    window_s: float | None = None
+    """The planner's ``window_s`` (None: the shipped one)."""
 
     @classmethod
     def of(cls, profile: EngineProfile, args: argparse.Namespace) -> Setup:
         prompt_s = args.prompt_tokens / profile.prefill_tokens_per_s
         return cls(profile, args.load / prompt_s, args.ttft_x * 1000.0 * prompt_s,
-                   args.itl_x * profile.step_ms(0, 1), args.prompt_tokens, args.output_tokens)
+                   args.itl_x * profile.step_ms(0, 1), args.prompt_tokens, args.output_tokens,
+                   getattr(args, "planner_window", None))
 
 
 @dataclass
@@ -187,6 +190,8 @@ def proxy_config(cluster: Cluster, setup: Setup, *, planner: bool, mode: str) ->
     kv["tokenizer"] = {**(kv.get("tokenizer") or {}), "model_dirs": {MODEL: str(cluster.model_dir)}}
     disagg["planner"] = {**disagg["planner"], "enabled": planner, "ttft_ms": setup.ttft_ms, "itl_ms": setup.itl_ms,
                          "engine_profile": setup.profile.model_dump()}
+    if setup.window_s is not None:
+        disagg["planner"]["window_s"] = setup.window_s
     return config
 
 
@@ -314,7 +319,8 @@ def report(setup: Setup, results: list[ArmResult]) -> str:
     lines = [f"profile: weight_read {p.weight_read_ms:.1f} ms, per_sequence {p.per_sequence_ms:.2f} ms, prefill "
              f"{p.prefill_tokens_per_s:.0f} tokens/s, correction {p.mixing_correction:.2f}",
              f"load {setup.rate:.3f} req/s of {setup.prompt_tokens}+{setup.output_tokens} tokens; SLOs TTFT "
-             f"{setup.ttft_ms:.0f} ms, ITL {setup.itl_ms:.0f} ms",
+             f"{setup.ttft_ms:.0f} ms, ITL {setup.itl_ms:.0f} ms; planner window "
+             f"{'shipped' if setup.window_s is None else f'{setup.window_s:.0f} s'}",
              "run | arm | requests | failed | TTFT p50/p90 (ms) | ITL p50/p90 (ms) | attainment | proxy CPU (s) | "
              "moves (s since start: worker -> role)"]
     for r in results:
@@ -385,6 +391,9 @@ def main() -> None:
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--ttft-x", type=float, default=3.0, help="TTFT SLO over one prompt's profiled prefill (3)")
     parser.add_argument("--itl-x", type=float, default=4.0, help="ITL SLO over a lone decode step, profiled (4)")
+    parser.add_argument("--planner-window", type=float,
+                        help="the planner's window_s (default: the shipped 10 s; at a few requests a minute a 10 s "
+                             "window holds fewer first tokens than min_samples)")
     parser.add_argument("--mode", choices=("auto", "always", "never"), default="auto",
                         help="kv_routing.disaggregation.mode in every arm (auto: the shipped one, the per-request "
                              "remote-or-local decision; always: a split is a pure split, and both workers prefill "

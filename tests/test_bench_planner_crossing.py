@@ -60,5 +60,8 @@ def test_each_arm_runs_the_shipped_config_with_its_planner_and_mode(tmp_path: Pa
     assert disagg["kv_routing"]["enabled"] is True and disagg["kv_routing"]["disaggregation"]["mode"] == "auto"
     planner = PlannerSettings.model_validate(disagg["planner"])
     assert planner.enabled and planner.engine_profile == PROFILE and planner.ttft_ms == 7500.0
+    assert planner.window_s == PlannerSettings().window_s  # the shipped window unless asked
+    longer = proxy_config(cluster, setup(planner_window=60.0), planner=True, mode="auto")["litellm_disagg"]
+    assert PlannerSettings.model_validate(longer["planner"]).window_s == 60.0
     off = proxy_config(cluster, setup(), planner=False, mode="always")["litellm_disagg"]
     assert off["planner"]["enabled"] is False and off["kv_routing"]["disaggregation"]["mode"] == "always"
