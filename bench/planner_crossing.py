@@ -379,6 +379,34 @@ async def main_async(args: argparse.Namespace) -> None:
         await asyncio.to_thread(cluster.close)
 
 
+def plot(series: list[tuple[str, dict[str, Any]]], path: Path) -> None:
+    """Attainment per arm and run, one panel per series (``--out`` JSON files)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(series), figsize=(5 * len(series), 3.6), sharey=True, squeeze=False)
+    for ax, (title, data) in zip(axes[0], series, strict=True):
+        results = data["results"]
+        runs = sorted({r["run"] for r in results})
+        width = 0.8 / len(ARMS)
+        for i, arm in enumerate(ARMS):
+            values = [next((100 * r["attainment"] for r in results if r["arm"] == arm and r["run"] == run), 0.0)
+                      for run in runs]
+            ax.bar([run + (i - 1) * width for run in runs], values, width, label=arm)
+            for run, r in ((r["run"], r) for r in results if r["arm"] == arm and r["role_changes"]):
+                ax.annotate("moved", (run + (i - 1) * width, 100 * r["attainment"]), ha="center", va="bottom",
+                            fontsize=7)
+        ax.set_xticks(runs, [f"run {run}" for run in runs])
+        ax.set_title(title, fontsize=9)
+        ax.set_ylim(0, 110)
+    axes[0][0].set_ylabel("SLO attainment (%)")
+    axes[0][-1].legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -402,7 +430,15 @@ def main() -> None:
     parser.add_argument("--profile-runs", type=int, default=3)
     parser.add_argument("--model-dir", help="default: SmolLM2-135M-Instruct, prepared offline")
     parser.add_argument("--out", help="write the setup and every arm's figures as JSON here")
+    parser.add_argument("--plot", nargs="+", metavar="TITLE=JSON",
+                        help="draw --png from earlier --out files instead of measuring")
+    parser.add_argument("--png", default="planner_crossing.png")
     args = parser.parse_args()
+    if args.plot:
+        series = [(title, json.loads(Path(file).read_text()))
+                  for title, file in (item.split("=", 1) for item in args.plot)]
+        plot(series, Path(args.png))
+        return
     args.given_profile = EngineProfile.model_validate_json(Path(args.profile).read_text()) if args.profile else None
     asyncio.run(main_async(args))
 
