@@ -65,3 +65,22 @@ def test_each_arm_runs_the_shipped_config_with_its_planner_and_mode(tmp_path: Pa
     assert PlannerSettings.model_validate(longer["planner"]).window_s == 60.0
     off = proxy_config(cluster, setup(), planner=False, mode="always")["litellm_disagg"]
     assert off["planner"]["enabled"] is False and off["kv_routing"]["disaggregation"]["mode"] == "always"
+
+
+def test_the_plot_draws_the_committed_results(tmp_path: Path):
+    """``--plot`` redraws docs/img/planner_crossing_real.png from the JSON the docs quote (docs/data/)."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "docs/data/planner_crossing_window10.json", root / "docs/data/planner_crossing_window60.json"]
+    for f in files:
+        data = json.loads(f.read_text())
+        assert {r["arm"] for r in data["results"]} == {"split", "planner", "both"}
+        assert len(data["results"]) == 9 and all(r["failures"] == 0 for r in data["results"])
+    png = tmp_path / "plot.png"
+    done = subprocess.run([sys.executable, "-m", "bench.planner_crossing", "--plot", *(f"{f.stem}={f}" for f in files),
+                           "--png", str(png)], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
