@@ -480,16 +480,22 @@ def estimate_split(model: ModelSignals, workers: int, settings: PlannerSettings)
     near the best split's capacity the margins come and go with the window's rates, and each step without a sized
     split restarted its hysteresis while the ``both`` workers kept missing the ITL (the burst guard, not this
     margin, is what keeps a burst from being split: ``disaggregation_pays``). None without a profile, without the
-    load rates (``load_rates``), or when no split holds the SLO."""
+    load rates (``load_rates``), or when no split holds the SLO.
+
+    At least two decode workers (``sized_split``'s guard for the decode side's KV, which the profile does not price)
+    where the model has three workers or more; with two, one prefill and one decode worker is the only split there
+    is, and a guard that ruled it out left two ``both`` workers missing the ITL SLO with no way to split."""
     profile = settings.engine_profile
     rates = load_rates(model)
     if profile is None or rates is None or workers < 2:
         return None
-    with_margin = sized_split(profile, workers, *rates, itl_target_ms=settings.itl_ms,
-                              itl_margin=settings.headroom, busy_max=settings.aggregate_busy_max)
+    min_decode = 1 if workers == 2 else 2
+    with_margin = sized_split(profile, workers, *rates, itl_target_ms=settings.itl_ms, itl_margin=settings.headroom,
+                              busy_max=settings.aggregate_busy_max, min_decode=min_decode)
     if with_margin is not None:
         return with_margin
-    return sized_split(profile, workers, *rates, itl_target_ms=settings.itl_ms, itl_margin=1.0, busy_max=1.0)
+    return sized_split(profile, workers, *rates, itl_target_ms=settings.itl_ms, itl_margin=1.0, busy_max=1.0,
+                       min_decode=min_decode)
 
 
 def resized(target: SplitEstimate, model: ModelSignals, settings: PlannerSettings) -> SplitEstimate | None:

@@ -243,3 +243,20 @@ def test_near_the_splits_capacity_the_split_holding_the_slo_itself_is_sized_when
     # past what any split's prefill workers compute, still none
     assert planner.step(mixing(layout(0, 0, 8), rate=40.0), 4.0).decision(MODEL).pressures.split_prefill is None
 
+
+
+def test_two_both_workers_missing_the_itl_go_to_one_prefill_and_one_decode_worker() -> None:
+    """With two workers the only split is one prefill and one decode worker; the sizing's two-decode-worker guard
+    (the decode side's KV, which the profile does not price) ruled it out, and two ``both`` workers mixing prompts
+    into their decode steps missed the ITL SLO with no split sized (on real CPU workers, ``bench.planner_crossing``'s
+    way back, the planner then held ``disaggregation_pays`` at ``split_prefill: null``)."""
+    workers = layout(0, 0, 2)
+    planner = warmed(Planner(settings()), workers)
+    first = planner.step(mixing(workers, rate=2.0), 0.0).decision(MODEL)
+    assert first is not None and first.condition is Condition.DISAGGREGATION_PAYS and not first.moves
+    assert first.pressures.split_prefill == 1
+    second = planner.step(mixing(workers, rate=2.0), 2.0).decision(MODEL)
+    assert second is not None and moves(second) == [(B, D), (B, P)]
+    # three workers or more keep two decode workers
+    three = sized_split(PROFILE, 3, 2.0 * 4608.0, 2.0 * 80.0, itl_target_ms=40, itl_margin=0.7, busy_max=0.9)
+    assert three is not None and three.decode >= 2
