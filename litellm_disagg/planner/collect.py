@@ -190,6 +190,9 @@ class SignalCollector:
         self._prompted: dict[str, CounterWindow] = {}
         self._generated: dict[str, CounterWindow] = {}
         self._model_of: dict[str, str] = {}
+        self._layouts: dict[str, frozenset[tuple[str, WorkerRole]]] = {}
+        self._layout_since: dict[str, float] = {}
+        """Per model, when its (worker, role) layout last changed: a latency window never reaches back before it."""
         self._now = 0.0
 
     def _on_transfer(self, sample: TransferSample) -> None:
@@ -209,13 +212,15 @@ class SignalCollector:
         await self.scraper.scrape_once()
         latency = await self.latency.read()
         window, q = self.settings.window_s, self.settings.quantile
+        reach = self.settings.window_max_s
+        self._note_layouts(now, workers)
         for model, totals in latency.items():
             if totals.ttft is not None:
-                self._ttft.setdefault(model, HistogramWindow(window)).add(now, totals.ttft)
+                self._ttft.setdefault(model, HistogramWindow(window, reach)).add(now, totals.ttft)
             if totals.itl is not None:
-                self._itl.setdefault(model, HistogramWindow(window)).add(now, totals.itl)
+                self._itl.setdefault(model, HistogramWindow(window, reach)).add(now, totals.itl)
             if totals.prefill is not None:
-                self._prefill.setdefault(model, HistogramWindow(window)).add(now, totals.prefill)
+                self._prefill.setdefault(model, HistogramWindow(window, reach)).add(now, totals.prefill)
             if totals.prompt_tokens:
                 self._prompted.setdefault(model, CounterWindow(window)).add(now, totals.prompt_tokens)
         loads = self.scraper.lookup()
@@ -251,18 +256,30 @@ class SignalCollector:
             ttft, itl, transfer = self._ttft.get(model), self._itl.get(model), self._transfer.get(model)
             prefill = self._prefill.get(model)
             prompted, generating = self._prompted.get(model), self._generated.get(model)
+            fewest, since = self.settings.min_samples, self._layout_since.get(model)
             models.append(ModelSignals(
                 model,
                 tuple(by_model[model]),
-                ttft.window(q) if ttft else LatencyWindow(),
-                itl.window(q) if itl else LatencyWindow(),
+                ttft.window(q, min_samples=fewest, not_before=since) if ttft else LatencyWindow(),
+                itl.window(q, min_samples=fewest, not_before=since) if itl else LatencyWindow(),
                 transfer.window(now) if transfer else LatencyWindow(),
                 rate,
-                prefill.window(q) if prefill else LatencyWindow(),
+                prefill.window(q, min_samples=fewest, not_before=since) if prefill else LatencyWindow(),
                 prompt_tokens_per_s=prompted.rate(now) if prompted else None,
                 output_tokens_per_s=generating.rate(now) if generating else None,
             ))
         return ClusterSignals(tuple(models))
+
+    def _note_layouts(self, now: float, workers: Sequence[RuntimeConfig]) -> None:
+        """Record, per model, when the published (worker, role) layout last changed (first seen: now)."""
+        layouts: dict[str, set[tuple[str, WorkerRole]]] = {}
+        for worker in workers:
+            layouts.setdefault(worker.model, set()).add((worker.worker_id, worker.role))
+        for model, pairs in layouts.items():
+            layout = frozenset(pairs)
+            if self._layouts.get(model) != layout:
+                self._layouts[model] = layout
+                self._layout_since[model] = now
 
     async def aclose(self) -> None:
         await self.scraper.stop()

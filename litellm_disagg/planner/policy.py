@@ -215,6 +215,9 @@ class Pressures:
     and none while they take longer than it) while prompts arrive (the window's prompt rate is over zero) or the
     planner has not yet seen the model for a whole ``window_s`` (a rate read over its first seconds can be zero
     under load). ``prefill`` then reads 0.0 for want of evidence; ``prefill_idle`` does not count it as idle."""
+    prefill_window_s: float | None = None
+    """The seconds the latency window behind the prefill pressure covers (prefill time, else TTFT): over ``window_s``
+    where it reached back for ``min_samples`` requests (``window_max_s``); None: no such window, or not known."""
 
     def prefill_idle(self, settings: PlannerSettings) -> bool:
         """The prefill side is known to be nearly idle: pressure under ``aggregate_below``, and measured (or no
@@ -246,6 +249,7 @@ class Pressures:
             "mixing_correction": _round(self.mixing_correction),
             "load_swing": _round(self.load_swing),
             "prefill_unmeasured": 1.0 if self.prefill_unmeasured else 0.0,
+            "prefill_window_s": None if self.prefill_window_s is None else round(self.prefill_window_s, 1),
         }
 
 
@@ -404,8 +408,10 @@ def pressures(model: ModelSignals, settings: PlannerSettings, trend: QueueTrend 
         driver = DecodeDriver.NONE
     unmeasured = (all(r is None for r in (latency_term, queue_ratio, trend_ratio))
                   and ((model.prompt_tokens_per_s or 0.0) > 0.0 or not window_covered))
+    latency_window = model.prefill_time if prefill_time_ratio is not None else model.ttft
     return Pressures(prefill, decode, driver, ttft_ratio, queue_ratio, itl_ratio, occupancy_ratio, kv_ratio,
-                     transfer_share, prefill_time_ratio, trend_ratio, needed, prefill_unmeasured=unmeasured)
+                     transfer_share, prefill_time_ratio, trend_ratio, needed, prefill_unmeasured=unmeasured,
+                     prefill_window_s=latency_window.span_s if latency_term is not None else None)
 
 
 def mixing_costly(p: Pressures, settings: PlannerSettings) -> bool:

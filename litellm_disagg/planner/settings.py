@@ -41,6 +41,12 @@ class PlannerSettings(BaseModel):
     """Latencies are taken over the requests of the last ``window_s`` seconds."""
     min_samples: Annotated[int, Field(ge=1)] = 5
     """A latency percentile over fewer requests than this is no evidence (treated as unknown)."""
+    window_max_s: Annotated[float, Field(gt=0)] | None = None
+    """A latency window (TTFT, ITL, prefill time) holding fewer than ``min_samples`` requests over the last
+    ``window_s`` reaches back for them up to this many seconds, never before the model's serving layout last changed
+    (a worker joined, left or changed role). At a few requests a second, or with first tokens slower than
+    ``window_s``, the window then still measures the prefill side. None (or at most ``window_s``): no reach. The
+    load rates (prompt and output tokens per second) stay over ``window_s``."""
     interval_s: Annotated[float, Field(gt=0)] = 2.0
     """Seconds between two planner steps."""
     hysteresis_steps: Annotated[int, Field(ge=1)] = 2

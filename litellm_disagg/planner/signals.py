@@ -36,6 +36,9 @@ class LatencyWindow:
 
     p_ms: float | None = None
     samples: int = 0
+    span_s: float | None = None
+    """The seconds the window covers (``window.HistogramWindow``: more than ``window_s`` where it reached back for
+    ``min_samples`` requests); None: not known (a window built from values)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "p_ms", _finite_or_none(self.p_ms))

@@ -154,29 +154,50 @@ def add_totals(a: HistogramTotals | None, b: HistogramTotals | None) -> Histogra
 
 
 class HistogramWindow:
-    """Snapshots of one cumulative histogram over time; ``window(now)`` is what the last ``window_s`` observed."""
+    """Snapshots of one cumulative histogram over time; ``window(q)`` is what the last ``window_s`` observed.
 
-    def __init__(self, window_s: float):
+    With ``max_s`` over ``window_s`` the snapshots of the last ``max_s`` are kept, and a window that holds fewer than
+    ``min_samples`` observations reaches back for them, one snapshot at a time, up to ``max_s`` and never before
+    ``not_before`` (the layout serving the model changed then: what came before measured another one). A TTFT
+    histogram gets one observation per request: at 0.14 requests/s a 10 s window holds one or two, so without the
+    reach a percentile of ``min_samples`` requests needs a window the operator sized to the request rate."""
+
+    def __init__(self, window_s: float, max_s: float | None = None):
         self.window_s = window_s
+        self.max_s = max(window_s, max_s if max_s is not None else window_s)
         self._snapshots: deque[tuple[float, HistogramTotals]] = deque()
 
     def add(self, now: float, totals: HistogramTotals) -> None:
         if self._snapshots and totals.minus(self._snapshots[-1][1]) is None:
             self._snapshots.clear()  # a reset: what came before is no baseline
         self._snapshots.append((now, totals))
-        # keep the newest snapshot at or before the window's start as the baseline
-        while len(self._snapshots) >= 2 and self._snapshots[1][0] <= now - self.window_s:
+        # keep the newest snapshot at or before the reach's start as the oldest baseline
+        while len(self._snapshots) >= 2 and self._snapshots[1][0] <= now - self.max_s:
             self._snapshots.popleft()
 
-    def window(self, quantile: float) -> LatencyWindow:
-        """The window's ``quantile`` in milliseconds; with a single snapshot, nothing is known yet."""
+    def window(self, quantile: float, *, min_samples: int = 1, not_before: float | None = None) -> LatencyWindow:
+        """The window's ``quantile`` in milliseconds over the last ``window_s`` (from the newest snapshot at or
+        before its start, or the oldest kept), reaching back while it holds fewer than ``min_samples`` observations
+        (see the class); with a single snapshot, nothing is known yet. ``span_s``: the seconds it covers."""
         if len(self._snapshots) < 2:
             return LatencyWindow()
-        diff = self._snapshots[-1][1].minus(self._snapshots[0][1])
+        end, newest = self._snapshots[-1]
+        base = 0
+        for i, (at, _) in enumerate(self._snapshots):
+            if at <= end - self.window_s:
+                base = i
+            else:
+                break
+        diff = newest.minus(self._snapshots[base][1])
+        while (diff is not None and diff.count < min_samples and base > 0
+               and (not_before is None or self._snapshots[base - 1][0] >= not_before)):
+            base -= 1
+            diff = newest.minus(self._snapshots[base][1])
         if diff is None or diff.count <= 0:
             return LatencyWindow()
         seconds = diff.quantile(quantile)
-        return LatencyWindow(None if seconds is None else seconds * 1000.0, int(round(diff.count)))
+        return LatencyWindow(None if seconds is None else seconds * 1000.0, int(round(diff.count)),
+                             end - self._snapshots[base][0])
 
 
 class MeanWindow:
