@@ -132,6 +132,16 @@ class Cluster:
         path = self.base / self.log_name
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def stop_planner(self) -> None:
+        """Stop the planner (its log stays readable)."""
+        if self.planner is not None and self.planner.poll() is None:
+            self.planner.terminate()
+            try:
+                self.planner.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.planner.kill()
+                self.planner.wait(timeout=15)
+
     def stop(self) -> None:
         if self.planner is not None and self.planner.poll() is None:
             self.planner.terminate()
@@ -275,6 +285,10 @@ async def test_the_planner_crosses_real_workers_to_aggregated_serving_when_a_spl
                                          for w in c.workers) or bool(traffic.failures)),
                 timeout_s=300, interval_s=0.2, what=f"every worker to publish both (SLO {slo_ms:.0f} ms)",
                 alive=lambda: c.planner is not None and c.planner.poll() is None)
+            # The crossing is the subject: the planner stops here. Left running, it checks the crossing's first
+            # tokens on a settled window (``aggregation_refuted``), and an SLO at a third of the split's median TTFT
+            # can be missed on three ``both`` engines sharing two cores too (``tests/planner/test_refutation.py``).
+            await asyncio.to_thread(c.stop_planner)
             crossed_at = traffic.done
             await asyncio.to_thread(wait_until, lambda: traffic.done >= crossed_at + 4 or bool(traffic.failures),
                                     timeout_s=240, interval_s=0.2, what="long prompts served on the new layout")
@@ -283,7 +297,9 @@ async def test_the_planner_crosses_real_workers_to_aggregated_serving_when_a_spl
         assert traffic.failures == [], traffic.failures[:3]
 
     moves = planner_moves(c.planner_log)
-    assert {condition for condition, _ in moves} == {"aggregation_pays"}, moves
+    # a settled window can fall between the last worker's publication and the planner's stop: its way back, if any
+    assert {condition for condition, _ in moves} <= {"aggregation_pays", "aggregation_refuted"}, moves
+    moves = [(condition, move) for condition, move in moves if condition == "aggregation_pays"]
     assert sorted(worker_id for _, (worker_id, _, _) in moves) == sorted(w.worker_id for w in c.workers), moves
     assert all(to_role == "both" for _, (_, _, to_role) in moves), moves
     first = next(d for d in planner_decisions(c.planner_log) if d["moves"])

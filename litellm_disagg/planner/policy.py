@@ -33,6 +33,10 @@ How it decides, per served model, at every step:
                   ``headroom`` of its SLO and keep up with its prompts      (no hysteresis, no settling
                   (``mixing.py``: the split fails a load aggregated         window) while the estimate
                   serving would hold)                                       holds
+   aggregation_   a crossing decided on the prefill side (its pressure      the ``both`` workers back to that
+   refuted        over 1) whose settled all-``both`` window at the same     split at once, cooldown skipped;
+                  load shows a prefill pressure still over 1 and no lower   ``aggregation_pays`` then off
+                  (``refutation.py``)                                       until the load is clearly lighter
    disaggregation (with ``engine_profile``) ``both`` workers serve, ITL > 1  ``both`` -> decode, then ``both``
    _pays          while the decode side's capacity terms are under          -> prefill, toward that split, up
                   ``headroom`` and prefill >= ``aggregate_below`` (the      to ``max_moves_per_step`` a step;
@@ -129,7 +133,8 @@ How it decides, per served model, at every step:
 
 The state the planner keeps: per model the current condition's streak, the scale-down streak, the worker named to
 drain, the last move (time, condition), the last ``mixing_costly`` split, the prefill queue's samples since the
-serving layout changed and the mixing correction (and when it last rose); per worker the time of its last move.
+serving layout changed, the mixing correction (and when it last rose), and the last TTFT-driven crossing to ``both``
+(``refutation.py``: its split, and the load at which one was refuted); per worker the time of its last move.
 Everything else is a function of ``signals`` and ``now``.
 """
 
@@ -148,6 +153,7 @@ from litellm_disagg.planner.mixing import (
     sized_split,
     split_estimate,
 )
+from litellm_disagg.planner.refutation import TtftRefutation
 from litellm_disagg.planner.settings import PlannerSettings
 from litellm_disagg.planner.signals import ClusterSignals, ModelSignals, WorkerSignals
 from litellm_disagg.planner.steadiness import RateHistory
@@ -157,6 +163,7 @@ from litellm_disagg.runtime_config import WorkerRole
 
 class Condition(StrEnum):
     AGGREGATION_PAYS = "aggregation_pays"
+    AGGREGATION_REFUTED = "aggregation_refuted"
     DISAGGREGATION_PAYS = "disaggregation_pays"
     MIXING_COSTLY = "mixing_costly"
     OVERLOADED = "overloaded"
@@ -215,6 +222,9 @@ class Pressures:
     and none while they take longer than it) while prompts arrive (the window's prompt rate is over zero) or the
     planner has not yet seen the model for a whole ``window_s`` (a rate read over its first seconds can be zero
     under load). ``prefill`` then reads 0.0 for want of evidence; ``prefill_idle`` does not count it as idle."""
+    aggregation_refuted: bool = False
+    """A crossing to ``both`` decided on the prefill side was refuted by its first tokens at this load
+    (``refutation.py``): ``aggregation_pays`` is off until the prompt rate falls clearly below it."""
     prefill_window_s: float | None = None
     """The seconds the latency window behind the prefill pressure covers (prefill time, else TTFT): over ``window_s``
     where it reached back for ``min_samples`` requests (``window_max_s``); None: no such window, or not known."""
@@ -249,6 +259,7 @@ class Pressures:
             "mixing_correction": _round(self.mixing_correction),
             "load_swing": _round(self.load_swing),
             "prefill_unmeasured": 1.0 if self.prefill_unmeasured else 0.0,
+            "aggregation_refuted": 1.0 if self.aggregation_refuted else 0.0,
             "prefill_window_s": None if self.prefill_window_s is None else round(self.prefill_window_s, 1),
         }
 
@@ -359,6 +370,8 @@ class _ModelState:
     """The prefill queue's samples since the serving layout last changed (its growth: ``trend.py``)."""
     rates: RateHistory = field(default_factory=RateHistory)
     """The windowed prompt rate step by step (whether the window's load was steady: ``steadiness.py``)."""
+    ttft_check: TtftRefutation = field(default_factory=TtftRefutation)
+    """The last TTFT-driven crossing to ``both``, checked on its settled layout (``refutation.py``)."""
 
 
 @dataclass
@@ -412,6 +425,13 @@ def pressures(model: ModelSignals, settings: PlannerSettings, trend: QueueTrend 
     return Pressures(prefill, decode, driver, ttft_ratio, queue_ratio, itl_ratio, occupancy_ratio, kv_ratio,
                      transfer_share, prefill_time_ratio, trend_ratio, needed, prefill_unmeasured=unmeasured,
                      prefill_window_s=latency_window.span_s if latency_term is not None else None)
+
+
+def measured_prefill(p: Pressures) -> float | None:
+    """The prefill pressure when something measured it (a latency window with ``min_samples``, the queue or its
+    trend); None otherwise (its 0.0 is then no evidence)."""
+    terms = (p.prefill_time_ratio, p.ttft_ratio, p.queue_ratio, p.trend_ratio)
+    return None if p.prefill_unmeasured or all(t is None for t in terms) else p.prefill
 
 
 def mixing_costly(p: Pressures, settings: PlannerSettings) -> bool:
@@ -529,6 +549,12 @@ def split_moves_needed(layout: DesiredPools, split: SplitEstimate) -> tuple[int,
     both = layout.both
     decode = min(decode, both)
     return decode, min(prefill, both - decode)
+
+
+def moves_back(layout: DesiredPools, prefill: int, decode: int) -> tuple[int, int]:
+    """``both`` workers the split (``prefill``, ``decode``) still needs as (decode, prefill) workers."""
+    to_decode = min(max(0, decode - layout.decode), layout.both)
+    return to_decode, min(max(0, prefill - layout.prefill), layout.both - to_decode)
 
 
 def band_middle(settings: PlannerSettings) -> float:
@@ -709,7 +735,7 @@ def _routes(condition: Condition, p: Pressures, settings: PlannerSettings, *,
         return [(WorkerRole.PREFILL, WorkerRole.DECODE), (WorkerRole.BOTH, WorkerRole.DECODE)]
     if condition in (Condition.LOW_LOAD, Condition.TRANSFER_COSTLY, Condition.AGGREGATION_PAYS):
         return [(WorkerRole.PREFILL, WorkerRole.BOTH), (WorkerRole.DECODE, WorkerRole.BOTH)]
-    if condition is Condition.DISAGGREGATION_PAYS:
+    if condition in (Condition.DISAGGREGATION_PAYS, Condition.AGGREGATION_REFUTED):
         # decode workers first: a prefill worker beside only ``both`` workers gets no prompts (they serve theirs)
         return [(WorkerRole.BOTH, WorkerRole.DECODE), (WorkerRole.BOTH, WorkerRole.PREFILL)]
     return []
@@ -749,7 +775,7 @@ def splits_back(src: WorkerRole, condition: Condition, moved_for: Condition | No
     back, once per burst period). The move back into ``both`` always keeps its cooldown."""
     if src is not WorkerRole.BOTH:
         return False
-    if condition is Condition.PREFILL_BOUND:
+    if condition in (Condition.PREFILL_BOUND, Condition.AGGREGATION_REFUTED):
         return True
     return (condition in (Condition.MIXING_COSTLY, Condition.DISAGGREGATION_PAYS)
             and (moved_for is None or moved_for in _UNNEEDED
@@ -768,7 +794,8 @@ def wanted_moves(condition: Condition, p: Pressures, model: ModelSignals, settin
     (a half-crossed layout is neither family). ``mixing_costly``: every ``both``
     worker (each one mixes), fewer when the decode side would lose its headroom. ``transfer_costly`` moves one."""
     cap = settings.max_moves_per_step
-    if condition in (Condition.AGGREGATION_PAYS, Condition.DISAGGREGATION_PAYS, Condition.LOW_LOAD) or (
+    if condition in (Condition.AGGREGATION_PAYS, Condition.DISAGGREGATION_PAYS, Condition.AGGREGATION_REFUTED,
+                     Condition.LOW_LOAD) or (
             condition is Condition.DECODE_BOUND and settings.allow_aggregated and p.prefill_idle(settings)):
         return cap
     if condition is Condition.PREFILL_BOUND:
@@ -854,7 +881,13 @@ class Planner:
         estimate = estimate_aggregated(model, current.total, s)
         swing = state.rates.swing(now, s.window_s)
         p = replace(p, load_swing=swing)
-        if estimate is not None and all_both_settled(model, current, state, now, s):
+        settled_both = all_both_settled(model, current, state, now, s)
+        if settled_both:
+            # the first tokens' check of a crossing decided on the prefill side (``refutation.py``)
+            state.ttft_check.settled(measured_prefill(p), model.prompt_tokens_per_s, s.steady_swing_max)
+        refuted = state.ttft_check.blocks(model.prompt_tokens_per_s, s.steady_swing_max)
+        p = replace(p, aggregation_refuted=refuted)
+        if estimate is not None and settled_both:
             ratio = model.itl.ratio(s.itl_ms, s.min_samples)
             may_lower = state.correction_at is None or now - state.correction_at >= s.window_s
             # a window of bursts may lower the correction, never raise it (``steadiness.py``); None: too few readings
@@ -882,7 +915,14 @@ class Planner:
             split = None
         p = with_split(p, split, s)
         quota: dict[WorkerRole, int] | None = None
-        if aggregation_pays(p, estimate, s, disaggregated=disaggregated, crossing=crossing):
+        back = state.ttft_check.way_back(current.total, current.both)
+        if back is not None:
+            # a crossing its first tokens refuted goes back to its split at once (``refutation.py``)
+            condition = Condition.AGGREGATION_REFUTED
+            crossing = True
+            to_decode, to_prefill = moves_back(current, *back)
+            quota = {WorkerRole.DECODE: to_decode, WorkerRole.PREFILL: to_prefill}
+        elif not refuted and aggregation_pays(p, estimate, s, disaggregated=disaggregated, crossing=crossing):
             condition = Condition.AGGREGATION_PAYS
         elif disaggregation_pays(p, split, current, s, splitting=splitting, aggregated=estimate):
             assert split is not None
@@ -934,6 +974,9 @@ class Planner:
                 moves, layout, held, no_candidate = self._pick_moves(model, condition, routes, layout, now, limit,
                                                                      quota, state.correction_rose_at)
                 if moves:
+                    if condition is Condition.AGGREGATION_PAYS and not crossing:
+                        state.ttft_check.crossed(measured_prefill(p), model.prompt_tokens_per_s,
+                                                 (current.prefill, current.decode))
                     state.streak = 0
                     state.last_move_at = now
                     state.last_move_condition = condition
