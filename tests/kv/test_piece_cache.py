@@ -17,7 +17,7 @@ from litellm_disagg.routing.kv import piece_cache
 from litellm_disagg.routing.kv.piece_cache import PieceEncoder
 from litellm_disagg.routing.kv.token_cache import SegmentEncoder, TokenCache
 
-from .test_token_cache import SMOLLM2, chatml, corpus, metaspace_tokenizer, stripping, whole
+from .test_token_cache import chatml, corpus, metaspace_tokenizer, stripping, whole
 
 LLAMA3_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 ASCII_WORDS = [
@@ -71,16 +71,16 @@ def tiny(tiny_model: Path) -> Any:
 
 
 @pytest.mark.parametrize("name", ["chatml", "llama3", "tiny", "smollm2"])
-def test_piece_wise_equals_the_tokenizer_on_random_ascii_texts(name: str, tiny_model: Path) -> None:
-    if name == "smollm2" and not (SMOLLM2 / "tokenizer.json").is_file():
-        pytest.skip("SmolLM2 is not on disk")
+def test_piece_wise_equals_the_tokenizer_on_random_ascii_texts(name: str, tiny_model: Path,
+                                                              request: pytest.FixtureRequest) -> None:
+    smollm2 = request.getfixturevalue("smollm2_dir") if name == "smollm2" else None
     from transformers import AutoTokenizer
 
     tokenizer = {
         "chatml": chatml,
         "llama3": llama3_tokenizer,
         "tiny": lambda: tiny(tiny_model),
-        "smollm2": lambda: AutoTokenizer.from_pretrained(SMOLLM2),
+        "smollm2": lambda: AutoTokenizer.from_pretrained(smollm2),
     }[name]()
     encoder = pieces_of(tokenizer)
     handled = 0

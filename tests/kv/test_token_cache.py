@@ -28,7 +28,6 @@ INST = (
     "{{ '<s>' }}{% for message in messages %}{% if message['role'] == 'assistant' %} {{ message['content'] }}</s>"
     "{% else %}[INST] {{ message['content'] }} [/INST]{% endif %}{% endfor %}"
 )
-SMOLLM2 = Path.home() / ".cache" / "litellm-disagg" / "models" / "smollm2-135m-instruct"
 
 WORDS = [
     "the", "quick", "brown", "fox", "paged", "attention", "KV", "cache", "blocks", "Hello", "world", "café",
@@ -161,11 +160,10 @@ def test_segment_wise_equals_whole_for_the_test_model(tiny_tokenizer: Any) -> No
         assert encoder.encode(text) == whole(tiny_tokenizer, text), text
 
 
-@pytest.mark.skipif(not (SMOLLM2 / "tokenizer.json").is_file(), reason="SmolLM2 is not on disk")
-def test_segment_wise_equals_whole_for_smollm2() -> None:
+def test_segment_wise_equals_whole_for_smollm2(smollm2_dir: Path) -> None:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(SMOLLM2)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     encoder = SegmentEncoder.build(tokenizer, TokenCache(50_000))
     assert encoder is not None
     encoder.to_verify = 0
