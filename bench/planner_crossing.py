@@ -36,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,13 +78,15 @@ class Setup:
     output_tokens: int
     window_s: float | None = None
     """The planner's ``window_s`` (None: the shipped one)."""
+    window_max_s: float | None = None
+    """The planner's ``window_max_s`` (None: the shipped one, no reach)."""
 
     @classmethod
     def of(cls, profile: EngineProfile, args: argparse.Namespace) -> Setup:
         prompt_s = args.prompt_tokens / profile.prefill_tokens_per_s
         return cls(profile, args.load / prompt_s, args.ttft_x * 1000.0 * prompt_s,
                    args.itl_x * profile.step_ms(0, 1), args.prompt_tokens, args.output_tokens,
-                   getattr(args, "planner_window", None))
+                   getattr(args, "planner_window", None), getattr(args, "planner_window_max", None))
 
 
 @dataclass
@@ -192,6 +195,8 @@ def proxy_config(cluster: Cluster, setup: Setup, *, planner: bool, mode: str) ->
                          "engine_profile": setup.profile.model_dump()}
     if setup.window_s is not None:
         disagg["planner"]["window_s"] = setup.window_s
+    if setup.window_max_s is not None:
+        disagg["planner"]["window_max_s"] = setup.window_max_s
     return config
 
 
@@ -308,6 +313,21 @@ async def run_arm(cluster: Cluster, setup: Setup, arm: str, run: int, sched: Sch
     return result
 
 
+def rotated(arms: Sequence[str], run: int) -> list[str]:
+    """The arms in run ``run``'s order: each run starts one arm later (a slow start or a warm cache is spread)."""
+    k = run % len(arms)
+    return [*arms[k:], *arms[:k]]
+
+
+def parse_arms(text: str) -> list[str]:
+    """``--arms``: comma-separated names of ``ARMS``, each once."""
+    arms = [a.strip() for a in text.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if not arms or unknown or len(set(arms)) != len(arms):
+        raise argparse.ArgumentTypeError(f"--arms takes distinct names of {', '.join(ARMS)}: got {text!r}")
+    return arms
+
+
 def fmt(v: float | None, pct: bool = False) -> str:
     if v is None or v != v:
         return "-"
@@ -320,7 +340,8 @@ def report(setup: Setup, results: list[ArmResult]) -> str:
              f"{p.prefill_tokens_per_s:.0f} tokens/s, correction {p.mixing_correction:.2f}",
              f"load {setup.rate:.3f} req/s of {setup.prompt_tokens}+{setup.output_tokens} tokens; SLOs TTFT "
              f"{setup.ttft_ms:.0f} ms, ITL {setup.itl_ms:.0f} ms; planner window "
-             f"{'shipped' if setup.window_s is None else f'{setup.window_s:.0f} s'}",
+             f"{'shipped' if setup.window_s is None else f'{setup.window_s:.0f} s'}"
+             f"{'' if setup.window_max_s is None else f', reaching back up to {setup.window_max_s:.0f} s'}",
              "run | arm | requests | failed | TTFT p50/p90 (ms) | ITL p50/p90 (ms) | attainment | proxy CPU (s) | "
              "moves (s since start: worker -> role)"]
     for r in results:
@@ -364,7 +385,7 @@ async def main_async(args: argparse.Namespace) -> None:
         results: list[ArmResult] = []
         for run in range(args.runs):
             sched = schedule(setup, words, args.seconds, seed=run)
-            order = ARMS[run % 3:] + ARMS[: run % 3]
+            order = rotated(args.arms, run)
             for arm in order:
                 result = await run_arm(cluster, setup, arm, run + 1, sched, mode=args.mode,
                                        planner_after_s=args.planner_after)
@@ -390,13 +411,14 @@ def plot(series: list[tuple[str, dict[str, Any]]], path: Path) -> None:
     for ax, (title, data) in zip(axes[0], series, strict=True):
         results = data["results"]
         runs = sorted({r["run"] for r in results})
-        width = 0.8 / len(ARMS)
-        for i, arm in enumerate(ARMS):
+        arms = [arm for arm in ARMS if any(r["arm"] == arm for r in results)]
+        width = 0.8 / len(arms)
+        for i, arm in enumerate(arms):
             values = [next((100 * r["attainment"] for r in results if r["arm"] == arm and r["run"] == run), 0.0)
                       for run in runs]
-            ax.bar([run + (i - 1) * width for run in runs], values, width, label=arm)
+            ax.bar([run + (i - (len(arms) - 1) / 2) * width for run in runs], values, width, label=arm)
             for run, r in ((r["run"], r) for r in results if r["arm"] == arm and r["role_changes"]):
-                ax.annotate("moved", (run + (i - 1) * width, 100 * r["attainment"]), ha="center", va="bottom",
+                ax.annotate("moved", (run + (i - (len(arms) - 1) / 2) * width, 100 * r["attainment"]), ha="center", va="bottom",
                             fontsize=7)
         ax.set_xticks(runs, [f"run {run}" for run in runs])
         ax.set_title(title, fontsize=9)
@@ -422,6 +444,11 @@ def main() -> None:
     parser.add_argument("--planner-window", type=float,
                         help="the planner's window_s (default: the shipped 10 s; at a few requests a minute a 10 s "
                              "window holds fewer first tokens than min_samples)")
+    parser.add_argument("--planner-window-max", type=float,
+                        help="the planner's window_max_s: a window short of min_samples first tokens reaches back "
+                             "for them up to this (default: the shipped setting, no reach)")
+    parser.add_argument("--arms", type=parse_arms, default=list(ARMS),
+                        help=f"comma-separated arms, rotated per run (default {','.join(ARMS)})")
     parser.add_argument("--mode", choices=("auto", "always", "never"), default="auto",
                         help="kv_routing.disaggregation.mode in every arm (auto: the shipped one, the per-request "
                              "remote-or-local decision; always: a split is a pure split, and both workers prefill "

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.planner_crossing import Cluster, Setup, attainment, proxy_config, schedule
+import pytest
+
+from bench.planner_crossing import Cluster, Setup, attainment, parse_arms, proxy_config, rotated, schedule
 from bench.serving.loadgen import RequestResult
 from litellm_disagg.planner.mixing import EngineProfile
 from litellm_disagg.planner.settings import PlannerSettings
@@ -63,6 +65,9 @@ def test_each_arm_runs_the_shipped_config_with_its_planner_and_mode(tmp_path: Pa
     assert planner.window_s == PlannerSettings().window_s  # the shipped window unless asked
     longer = proxy_config(cluster, setup(planner_window=60.0), planner=True, mode="auto")["litellm_disagg"]
     assert PlannerSettings.model_validate(longer["planner"]).window_s == 60.0
+    assert planner.window_max_s is None                           # no reach unless asked
+    reach = proxy_config(cluster, setup(planner_window_max=60.0), planner=True, mode="auto")["litellm_disagg"]
+    assert PlannerSettings.model_validate(reach["planner"]).window_max_s == 60.0
     off = proxy_config(cluster, setup(), planner=False, mode="always")["litellm_disagg"]
     assert off["planner"]["enabled"] is False and off["kv_routing"]["disaggregation"]["mode"] == "always"
 
@@ -84,3 +89,13 @@ def test_the_plot_draws_the_committed_results(tmp_path: Path):
                            "--png", str(png)], cwd=root, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_arms_are_chosen_by_name_and_rotated_per_run():
+    assert parse_arms("planner,split") == ["planner", "split"]
+    for bad in ("planner,planner", "planner,static", ""):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_arms(bad)
+    assert [rotated(["split", "planner"], run) for run in range(3)] == [
+        ["split", "planner"], ["planner", "split"], ["split", "planner"]]
+    assert rotated(["split", "planner", "both"], 1) == ["planner", "both", "split"]
