@@ -34,9 +34,10 @@ How it decides, per served model, at every step:
                   (``mixing.py``: the split fails a load aggregated         window) while the estimate
                   serving would hold)                                       holds
    aggregation_   a crossing decided on the prefill side (its pressure      the ``both`` workers back to that
-   refuted        over 1) whose settled all-``both`` window at the same     split at once, cooldown skipped;
-                  load shows a prefill pressure still over 1 and no lower   ``aggregation_pays`` then off
-                  (``refutation.py``)                                       until the load is clearly lighter
+   refuted        over 1) whose settled all-``both`` layout at the same     split at once, cooldown skipped;
+                  load shows, in two readings a window apart, a prefill     ``aggregation_pays`` then off
+                  pressure still over 1, no lower than the split's and      until the load is clearly lighter
+                  not falling (``refutation.py``)
    disaggregation (with ``engine_profile``) ``both`` workers serve, ITL > 1  ``both`` -> decode, then ``both``
    _pays          while the decode side's capacity terms are under          -> prefill, toward that split, up
                   ``headroom`` and prefill >= ``aggregate_below`` (the      to ``max_moves_per_step`` a step;
@@ -884,7 +885,8 @@ class Planner:
         settled_both = all_both_settled(model, current, state, now, s)
         if settled_both:
             # the first tokens' check of a crossing decided on the prefill side (``refutation.py``)
-            state.ttft_check.settled(measured_prefill(p), model.prompt_tokens_per_s, s.steady_swing_max)
+            state.ttft_check.settled(measured_prefill(p), model.prompt_tokens_per_s, s.steady_swing_max, now=now,
+                                     window_s=s.window_s)
         refuted = state.ttft_check.blocks(model.prompt_tokens_per_s, s.steady_swing_max)
         p = replace(p, aggregation_refuted=refuted)
         if estimate is not None and settled_both:
@@ -977,6 +979,8 @@ class Planner:
                     if condition is Condition.AGGREGATION_PAYS and not crossing:
                         state.ttft_check.crossed(measured_prefill(p), model.prompt_tokens_per_s,
                                                  (current.prefill, current.decode))
+                    elif condition is not Condition.AGGREGATION_PAYS:
+                        state.ttft_check.moved()
                     state.streak = 0
                     state.last_move_at = now
                     state.last_move_condition = condition

@@ -10,10 +10,14 @@ ITL of every worker as ``both`` at the measured load and keeps up with the promp
 under ``aggregate_busy_max``). The estimate prices the ITL; it says nothing of the first tokens' wait. The ITL side
 is checked on the layout it made (``calibration.py``: the mixing correction); this is the same check for the TTFT.
 
-A crossing decided on the prefill side (its pressure over 1: the split missed the TTFT SLO) is refuted when, after
-a whole settled window of every worker ``both`` at the same load (the prompt rate within ``steady_swing_max`` of
-the crossing's either way), the prefill pressure is still over 1 and no lower than the split's was: aggregated
-serving did not fix what it was chosen to fix. Nothing else leads back: every worker ``both``, ``prefill_bound``
+A crossing decided on the prefill side (its pressure over 1: the split missed the TTFT SLO) is refuted when, on
+the settled layout of every worker ``both`` at the same load (the prompt rate within ``steady_swing_max`` of the
+crossing's either way), two readings a whole ``window_s`` apart both show the prefill pressure over 1 and no lower
+than the split's, the later one no lower than the earlier: aggregated serving did not fix what it was chosen to
+fix. One window is not enough: the backlog the split left behind drains on the ``both`` workers, and its first
+tokens fill the first settled window however well they keep up (in the simulated evaluation a one-window check
+refuted a prompt-heavy crossing that paid, and the planner's goodput there fell from 27.0-27.5 to 15.8-27.5
+requests/s); a falling reading waits for the next window. Nothing else leads back: every worker ``both``, ``prefill_bound``
 has no move (a prefill worker beside only ``both`` workers gets no prompts: they serve their own), and the ITL,
 which the estimate did price, holds. So a refuted crossing goes back to the split it came from
 (``aggregation_refuted``: its prefill and decode worker counts, the ``both`` workers moved at once, skipping the
@@ -52,29 +56,42 @@ class TtftRefutation:
     """The prompt rate at which a crossing was refuted (``aggregation_pays`` is off near and above it)."""
     back_to: tuple[int, int] | None = None
     """(prefill, decode) workers of the split a refuted crossing came from, until the ``both`` workers are back."""
+    reading: float | None = None
+    """The pending crossing's last settled prefill pressure, over 1 and no lower than the split's."""
+    reading_at: float | None = None
 
     def crossed(self, prefill: float | None, prompt_rate: float | None, split: tuple[int, int]) -> None:
         """The first move of a crossing; ``prefill``: the split's prefill pressure (None: not measured); ``split``:
         its (prefill, decode) workers. Only a crossing for the prefill side (over 1) is checked here: an ITL-driven
         one has the mixing correction."""
-        self.back_to = None
+        self.back_to = self.reading = self.reading_at = None
         self.pending = (Crossing(prefill, prompt_rate, *split) if prefill is not None and prefill > 1.0 else None)
 
-    def settled(self, prefill: float | None, prompt_rate: float | None, swing_max: float) -> bool:
-        """A settled window of every worker ``both`` (``policy.all_both_settled``) after the pending crossing, its
-        prefill pressure ``prefill`` (None: not measured, the check waits) at ``prompt_rate``: True when this
-        window refutes the crossing (it is then remembered). Checked once per crossing."""
+    def settled(self, prefill: float | None, prompt_rate: float | None, swing_max: float, *, now: float,
+                window_s: float) -> bool:
+        """A step on a settled layout of every worker ``both`` (``policy.all_both_settled``) after the pending
+        crossing, its prefill pressure ``prefill`` (None: not measured, the check waits) at ``prompt_rate``: True
+        when it refutes the crossing (it is then remembered; see the module docstring). Readings are compared a
+        whole ``window_s`` apart (each window holds new first tokens)."""
         crossing = self.pending
         if crossing is None or prefill is None:
             return False
-        self.pending = None
-        if not _same_load(crossing.prompt_rate, prompt_rate, swing_max):
+        if self.reading_at is not None and now - self.reading_at < window_s:
             return False
-        if prefill > 1.0 and prefill >= crossing.prefill:
-            self.refuted_rate = crossing.prompt_rate if crossing.prompt_rate is not None else prompt_rate
-            self.back_to = (crossing.prefill_workers, crossing.decode_workers)
-            return True
-        return False
+        if not _same_load(crossing.prompt_rate, prompt_rate, swing_max) or prefill <= 1.0 or prefill < crossing.prefill:
+            self.pending = self.reading = self.reading_at = None  # a new load, or it paid: the check is over
+            return False
+        if self.reading is None or prefill < self.reading:
+            self.reading, self.reading_at = prefill, now   # still falling: a backlog the split left drains
+            return False
+        self.pending = self.reading = self.reading_at = None
+        self.refuted_rate = crossing.prompt_rate if crossing.prompt_rate is not None else prompt_rate
+        self.back_to = (crossing.prefill_workers, crossing.decode_workers)
+        return True
+
+    def moved(self) -> None:
+        """A move of another condition: the layout is no longer the crossing's, whose check is over."""
+        self.pending = self.reading = self.reading_at = None
 
     def way_back(self, workers: int, both: int) -> tuple[int, int] | None:
         """The (prefill, decode) split to move the model's ``workers`` to, ``both`` of them ``both`` now; None when
