@@ -78,9 +78,11 @@ class TtftRefutation:
             return False
         if self.reading_at is not None and now - self.reading_at < window_s:
             return False
-        if not _same_load(crossing.prompt_rate, prompt_rate, swing_max) or prefill <= 1.0 or prefill < crossing.prefill:
-            self.pending = self.reading = self.reading_at = None  # a new load, or it paid: the check is over
+        if prefill <= 1.0 or prefill < crossing.prefill:
+            self.pending = self.reading = self.reading_at = None  # it paid: the check is over
             return False
+        if not _same_load(crossing.prompt_rate, prompt_rate, swing_max):
+            return False  # another load: no reading either way (at a few requests a minute the rate is noisy)
         if self.reading is None or prefill < self.reading:
             self.reading, self.reading_at = prefill, now   # still falling: a backlog the split left drains
             return False
@@ -103,12 +105,14 @@ class TtftRefutation:
         prefill = min(max(1, self.back_to[0]), workers - 1)
         return prefill, workers - prefill
 
-    def blocks(self, prompt_rate: float | None, swing_max: float) -> bool:
+    def blocks(self, prompt_rate: float | None, swing_max: float, *, measured: bool = True) -> bool:
         """Whether ``aggregation_pays`` is off at ``prompt_rate``: a refuted crossing at a load this one is not
-        clearly below (an unknown rate keeps it off). A clearly lighter load forgets the refutation."""
+        clearly below. A clearly lighter load, ``measured`` (the latency window holds ``min_samples`` first tokens)
+        and not zero, forgets the refutation; an unknown or zero rate keeps it (a 10 s window at a few requests a
+        minute often holds no arrival, and a model that is idle is ``low_load``'s, not this check's)."""
         if self.refuted_rate is None:
             return False
-        if prompt_rate is not None and prompt_rate * swing_max < self.refuted_rate:
+        if measured and prompt_rate is not None and 0.0 < prompt_rate and prompt_rate * swing_max < self.refuted_rate:
             self.refuted_rate = None
             self.back_to = None
             return False

@@ -61,6 +61,7 @@ def decision_fields(decision: ModelDecision, signals: ModelSignals | None) -> di
             "queued_prefill_tokens": prefill.queued_prefill_tokens, "waiting_requests": prefill.waiting_requests,
             "decode_running": decode.running_requests, "decode_kv_usage": decode.kv_usage,
             "decode_occupancy": decode.batch_occupancy, "prefill_tokens_per_s": signals.prefill_tokens_per_s,
+            "prompt_tokens_per_s": signals.prompt_tokens_per_s, "output_tokens_per_s": signals.output_tokens_per_s,
             "flipping": sorted(w.worker_id for w in signals.flipping),
         })
     return fields

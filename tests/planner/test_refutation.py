@@ -126,11 +126,16 @@ def test_only_a_crossing_for_the_prefill_side_at_an_unchanged_load_is_checked() 
     check.crossed(0.6, 1000.0, (6, 2))
     assert not check.settled(1.4, 1000.0, swing, now=0.0, **w) and not check.settled(1.4, 1000.0, swing, now=10.0, **w)
     assert check.back_to is None
-    # the prompt rate doubled since the crossing: a new load, not a refutation
+    # the prompt rate doubled since the crossing: another load, no reading either way; back at the crossing's, the
+    # check goes on
     check.crossed(1.3, 1000.0, (6, 2))
     for t in (0.0, 10.0, 20.0):
         assert not check.settled(1.8, 2000.0, swing, now=t, **w)
-    assert not check.blocks(2000.0, swing)
+    assert not check.blocks(2000.0, swing) and check.pending is not None
+    assert not check.settled(1.8, 1000.0, swing, now=30.0, **w) and check.settled(1.8, 1000.0, swing, now=40.0, **w)
+    # a zero or unmeasured rate is no lighter load (a few requests a minute: a 10 s window often holds no arrival)
+    assert check.blocks(0.0, swing) and check.blocks(100.0, swing, measured=False)
+    assert not check.blocks(100.0, swing) and check.refuted_rate is None
     # another condition's move ends the check: the layout is no longer the crossing's
     check.crossed(1.3, 1000.0, (6, 2))
     check.moved()
