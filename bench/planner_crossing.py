@@ -424,7 +424,8 @@ def plot(series: list[tuple[str, dict[str, Any]]], path: Path) -> None:
         ax.set_title(title, fontsize=9)
         ax.set_ylim(0, 110)
     axes[0][0].set_ylabel("SLO attainment (%)")
-    axes[0][-1].legend(loc="lower right", fontsize=8)
+    labelled = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    axes[0][-1].legend(labelled.values(), labelled.keys(), loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
