@@ -58,6 +58,12 @@ logger = logging.getLogger(__name__)
 TTFT_METRIC = "litellm_disagg_time_to_first_token_seconds"
 ITL_METRIC = "litellm_disagg_inter_token_latency_seconds"
 ROUTE_METRIC = "litellm_disagg_route_seconds"
+
+SCRAPE_TIMEOUT_S = 2.0
+"""How long the planner waits for a worker's ``/metrics`` page, whatever its ``interval_s``. A step waits for its
+scrape round, so a slow page makes that step late rather than its load unknown: the planner's estimates need the
+workers' generation counters read in every window, and an engine's API process on a starved CPU answers its page in
+more than a short interval (real CPU workers in CI: counters unread for 12-20 s with a 0.5 s timeout)."""
 PROMPT_TOKENS_METRIC = "litellm_disagg_arrived_prompt_tokens"
 """A counter (``_total`` on the page): per model, the prompt tokens of each request when its workers are chosen, before
 any prefill (the demand). The per-worker ``litellm_disagg_prompt_tokens_total`` counts a request once its prefill is
@@ -178,8 +184,8 @@ class SignalCollector:
     ):
         self.settings = settings
         self.latency = latency
-        self.scraper = scraper or LoadScraper(interval_s=settings.interval_s, timeout_s=min(2.0, settings.interval_s),
-                                              stale_after_s=max(2.0, 2 * settings.interval_s))
+        self.scraper = scraper or LoadScraper(interval_s=settings.interval_s, timeout_s=SCRAPE_TIMEOUT_S,
+                                              stale_after_s=max(SCRAPE_TIMEOUT_S, 2 * settings.interval_s))
         self.scraper.on_transfers = self._on_transfer
         self._queued_tokens = queued_tokens
         self._prefill_rate = prefill_rate

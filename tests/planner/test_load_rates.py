@@ -5,10 +5,12 @@ a mock transport; the in-proxy source reads this process's registry."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Mapping
 
 import httpx
 import pytest
+from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
 from litellm_disagg.observability.requests import RequestMetrics
@@ -263,3 +265,34 @@ async def test_in_the_proxy_prompts_count_when_they_arrive_not_when_their_queued
     finally:
         await c.aclose()
         await http.aclose()
+
+
+async def test_a_worker_whose_metrics_page_answers_slower_than_the_planners_interval_is_still_read() -> None:
+    """The planner's own scraper (no scraper given) waits for a page longer than a short ``interval_s``: a real
+    CPU engine's API process on a starved machine answers late, and an unread generation counter leaves the
+    estimates without an output rate (``planner.collect.SCRAPE_TIMEOUT_S``)."""
+    delay_s, generated = 1.0, [1000.0]
+
+    async def metrics(_: web.Request) -> web.Response:
+        await asyncio.sleep(delay_s)
+        return web.Response(text=engine_page(generated[0]))
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    slow = RuntimeConfig.model_validate(VALID | {
+        "worker_id": "slow", "role": "decode", "model": MODEL, "base_url": f"http://127.0.0.1:{port}/v1"})
+    c = SignalCollector(settings(interval_s=0.5), NoLatency())
+    try:
+        assert c.scraper.timeout_s > delay_s
+        first = await rates(c, 0.0, [slow])
+        assert first.workers[0].kv_usage == pytest.approx(0.25)           # read, not unknown
+        generated[0] = 1500.0
+        assert (await rates(c, 5.0, [slow])).output_tokens_per_s == pytest.approx(500 / 5)
+    finally:
+        await c.aclose()
+        await runner.cleanup()
