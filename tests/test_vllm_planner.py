@@ -143,12 +143,7 @@ class Cluster:
                 self.planner.wait(timeout=15)
 
     def stop(self) -> None:
-        if self.planner is not None and self.planner.poll() is None:
-            self.planner.terminate()
-            try:
-                self.planner.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.planner.kill()
+        self.stop_planner()
         self.proxy.stop()
         for worker in self.workers:
             worker.kill()

@@ -887,8 +887,9 @@ class Planner:
             # the first tokens' check of a crossing decided on the prefill side (``refutation.py``)
             state.ttft_check.settled(measured_prefill(p), model.prompt_tokens_per_s, s.steady_swing_max, now=now,
                                      window_s=s.window_s)
-        refuted = state.ttft_check.blocks(model.prompt_tokens_per_s, s.steady_swing_max,
-                                          measured=model.ttft.samples >= s.min_samples)
+        state.ttft_check.lighter(model.prompt_tokens_per_s, s.steady_swing_max,
+                                 measured=model.ttft.samples >= s.min_samples)
+        refuted = state.ttft_check.blocks
         p = replace(p, aggregation_refuted=refuted)
         if estimate is not None and settled_both:
             ratio = model.itl.ratio(s.itl_ms, s.min_samples)

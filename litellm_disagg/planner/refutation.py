@@ -2,7 +2,8 @@
 
     TtftRefutation.crossed(prefill, rate)            the first move of an ``aggregation_pays`` crossing
     TtftRefutation.settled(prefill, rate, swing_max) a settled window of every worker ``both`` after it -> refuted?
-    TtftRefutation.blocks(rate, swing_max)           ``aggregation_pays`` is off at this load
+    TtftRefutation.lighter(rate, swing_max)          a clearly lighter load forgets a refutation
+    TtftRefutation.blocks                            ``aggregation_pays`` is off
     TtftRefutation.back_to                           the split to go back to (``aggregation_refuted``)
 
 ``aggregation_pays`` crosses a split that misses an SLO to ``both`` when the engine profile's estimate holds the
@@ -105,18 +106,21 @@ class TtftRefutation:
         prefill = min(max(1, self.back_to[0]), workers - 1)
         return prefill, workers - prefill
 
-    def blocks(self, prompt_rate: float | None, swing_max: float, *, measured: bool = True) -> bool:
-        """Whether ``aggregation_pays`` is off at ``prompt_rate``: a refuted crossing at a load this one is not
-        clearly below. A clearly lighter load, ``measured`` (the latency window holds ``min_samples`` first tokens)
-        and not zero, forgets the refutation; an unknown or zero rate keeps it (a 10 s window at a few requests a
-        minute often holds no arrival, and a model that is idle is ``low_load``'s, not this check's)."""
-        if self.refuted_rate is None:
-            return False
-        if measured and prompt_rate is not None and 0.0 < prompt_rate and prompt_rate * swing_max < self.refuted_rate:
+    def lighter(self, prompt_rate: float | None, swing_max: float, *, measured: bool = True) -> None:
+        """A step's load: a refuted crossing is forgotten at a clearly lighter one (a new question), ``measured``
+        (the latency window holds ``min_samples`` first tokens) and not zero; an unknown or zero rate keeps it (a 10
+        s window at a few requests a minute often holds no arrival, and a model that is idle is ``low_load``'s, not
+        this check's)."""
+        if (self.refuted_rate is not None and measured and prompt_rate is not None and 0.0 < prompt_rate
+                and prompt_rate * swing_max < self.refuted_rate):
             self.refuted_rate = None
             self.back_to = None
-            return False
-        return True
+
+    @property
+    def blocks(self) -> bool:
+        """Whether ``aggregation_pays`` is off: a crossing was refuted and no clearly lighter load (``lighter``) has
+        come since."""
+        return self.refuted_rate is not None
 
 
 def _same_load(before: float | None, now: float | None, swing_max: float) -> bool:

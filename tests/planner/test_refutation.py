@@ -131,11 +131,14 @@ def test_only_a_crossing_for_the_prefill_side_at_an_unchanged_load_is_checked() 
     check.crossed(1.3, 1000.0, (6, 2))
     for t in (0.0, 10.0, 20.0):
         assert not check.settled(1.8, 2000.0, swing, now=t, **w)
-    assert not check.blocks(2000.0, swing) and check.pending is not None
+    assert not check.blocks and check.pending is not None
     assert not check.settled(1.8, 1000.0, swing, now=30.0, **w) and check.settled(1.8, 1000.0, swing, now=40.0, **w)
     # a zero or unmeasured rate is no lighter load (a few requests a minute: a 10 s window often holds no arrival)
-    assert check.blocks(0.0, swing) and check.blocks(100.0, swing, measured=False)
-    assert not check.blocks(100.0, swing) and check.refuted_rate is None
+    check.lighter(0.0, swing)
+    check.lighter(100.0, swing, measured=False)
+    assert check.blocks
+    check.lighter(100.0, swing)
+    assert not check.blocks and check.refuted_rate is None
     # another condition's move ends the check: the layout is no longer the crossing's
     check.crossed(1.3, 1000.0, (6, 2))
     check.moved()
@@ -146,7 +149,9 @@ def test_only_a_crossing_for_the_prefill_side_at_an_unchanged_load_is_checked() 
     assert not check.settled(1.3, 1100.0, swing, now=0.0, **w)
     assert not check.settled(1.2, 1100.0, swing, now=5.0, **w)          # not a window later: not a reading
     assert check.settled(1.3, 1100.0, swing, now=10.0, **w) and check.pending is None
-    assert check.blocks(5000.0, swing) and check.blocks(None, swing)    # a higher or unknown load: still off
+    check.lighter(5000.0, swing)                                        # a higher or unknown load: still off
+    check.lighter(None, swing)
+    assert check.blocks
     # the way back fits the crossing's split to the workers there are now
     assert check.way_back(8, 8) == (6, 2)
     assert check.way_back(4, 3) == (3, 1)
