@@ -199,6 +199,20 @@ def _run_role(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def _run_drain(args: argparse.Namespace) -> int:
+    from litellm_disagg.discovery.drain_command import drain_worker
+
+    async def run() -> int:
+        registry = registry_from_args(args)
+        try:
+            return await drain_worker(registry, args.worker_id, timeout_s=args.timeout, out=sys.stdout,
+                                      err=sys.stderr)
+        finally:
+            await registry.close()
+
+    return asyncio.run(run())
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="litellm-disagg", description="Disaggregated prefill/decode for the LiteLLM proxy")
     parser.add_argument("--version", action="version", version=__version__)
@@ -229,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
     rc.add_argument("role", choices=[r.value for r in WorkerRole])
     rc.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the worker to publish it (30)")
     add_registry_args(rc)
+
+    dr = sub.add_parser("drain", help="drain a running worker and take it out of discovery (as SIGTERM does)")
+    dr.add_argument("worker_id", metavar="WORKER", help="the worker's id in discovery (litellm-disagg workers)")
+    dr.add_argument("--timeout", type=float, default=180.0,
+                    help="seconds to wait for the worker to leave discovery (180; its own --drain-timeout is 120)")
+    add_registry_args(dr)
 
     from litellm_disagg.planner.cli import add_planner_parser, add_profile_parser
 
@@ -263,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_workers(args)
     if args.command == "role":
         return _run_role(args)
+    if args.command == "drain":
+        return _run_drain(args)
     if args.command == "planner":
         from litellm_disagg.planner.cli import run_planner
 

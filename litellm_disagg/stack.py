@@ -93,7 +93,7 @@ def run_stack(args: argparse.Namespace) -> int:
              "--max-model-len", str(args.max_model_len), "--registry-dir", registry,
              # KV events for the router's precise prefix index (a restarted worker publishes on the same port).
              *(("--kv-events-port", str(free_port(args.host))) if kv_routing else ())),
-            worker_env, logs / f"{role}.log", stop_timeout_s=180,
+            worker_env, logs / f"{role}.log", stop_timeout_s=180, restart_after_clean_exit=False,
         )
         for role in ("prefill", "decode")
     ]
@@ -183,5 +183,6 @@ litellm-disagg is up: prefill and decode workers behind the LiteLLM proxy.
   reply = client.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "What is the capital of France?"}}])
   print(reply.choices[0].message.content)
 
-A worker or the proxy that dies is restarted (with backoff); Ctrl-C stops everything.
+A worker or the proxy that dies is restarted (with backoff); a worker drained with `litellm-disagg drain WORKER`
+stays stopped; Ctrl-C stops everything.
 """

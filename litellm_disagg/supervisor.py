@@ -2,7 +2,8 @@
 
 ``litellm-disagg up`` runs its workers and the proxy under it, so a worker that dies (a crash, ``kill -9``, the OOM
 killer) is started again while the others keep serving (the proxy serves aggregated while the prefill worker is
-gone), and only Ctrl-C / SIGTERM stops the stack.
+gone), and only Ctrl-C / SIGTERM stops the stack. A worker that exits 0 drained on purpose (``litellm-disagg drain``)
+and stays stopped (``ChildSpec.restart_after_clean_exit``).
 
 Backoff: the first restart of a child waits ``initial_backoff_s``, each further consecutive one twice as long, at most
 ``max_backoff_s``; a child that stayed up for ``stable_after_s`` starts again from the initial delay. Every death and
@@ -28,6 +29,9 @@ class ChildSpec:
     env: Mapping[str, str]
     log: Path
     stop_timeout_s: float = 60.0
+    restart_after_clean_exit: bool = True
+    """False: a child that exits 0 stopped on purpose and stays stopped (a worker that drained on request: ``litellm-disagg
+    drain``, or SIGTERM sent to it alone), as systemd's ``Restart=on-failure``."""
 
 
 @dataclass
@@ -79,6 +83,10 @@ class Supervisor:
             if proc is not None and proc.poll() is not None:
                 ran_s = now - child.started_at
                 child.proc = None
+                if proc.returncode == 0 and not child.spec.restart_after_clean_exit:
+                    child.restart_at = None
+                    self._on_event(f"{child.spec.name} exited cleanly after {ran_s:.0f} s (drained); not restarted")
+                    continue
                 child.consecutive_failures = 1 if ran_s >= self.stable_after_s else child.consecutive_failures + 1
                 delay = min(self.max_backoff_s, self.initial_backoff_s * 2 ** (child.consecutive_failures - 1))
                 child.restart_at = now + delay

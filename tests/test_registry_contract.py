@@ -353,6 +353,22 @@ async def test_role_request_the_launch_cannot_serve_is_refused(backend: Harness)
     await planner.request_role("w-fixed", WorkerRole.PREFILL)  # its own role is always servable
 
 
+async def test_drain_request_reaches_the_worker_with_its_own_role(backend: Harness) -> None:
+    worker, operator = backend.registry(), backend.registry()
+    await worker.publish(make_config("w-fixed"))  # any worker drains, switchable or not
+    requests = RoleCollector(worker, "w-fixed")
+    try:
+        assert await requests.until(lambda r: True) is None
+        await operator.request_drain("w-fixed")
+        got = await requests.until(lambda r: r is not None)
+        # the published role, so that a worker that predates ``drain`` reads a request for the role it has
+        assert got is not None and got.drain and got.role is WorkerRole.PREFILL and got.worker_id == "w-fixed"
+    finally:
+        await requests.stop()
+    with pytest.raises(UnknownWorker, match="no-such-worker"):
+        await operator.request_drain("no-such-worker")
+
+
 async def test_withdraw_deletes_the_role_request(backend: Harness) -> None:
     worker, planner = backend.registry(), backend.registry()
     await worker.publish(make_config("w-1", allowed_roles=SWITCHABLE))

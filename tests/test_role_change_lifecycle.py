@@ -120,6 +120,42 @@ async def test_a_draining_worker_keeps_its_role(tmp_path: Path) -> None:
         await lifecycle.leave()
 
 
+async def test_a_drain_request_calls_the_workers_drain_once_and_ends_role_changes(tmp_path: Path) -> None:
+    worker_side, operator = registry(tmp_path), registry(tmp_path)
+    hook, asked = Hook(), []
+    lifecycle = WorkerLifecycle(worker_side, config(), idle, heartbeat_interval_s=0.1, on_role_change=hook,
+                                on_drain_request=lambda: asked.append(True))
+    await lifecycle.announce()
+    try:
+        await operator.request_drain("w1")
+        await eventually(lambda: asked == [True], timeout_s=5)
+        assert lifecycle.drain_requested and lifecycle.config.state is WorkerState.READY  # the worker drains itself
+        await operator.request_role("w1", WorkerRole.DECODE)
+        await asyncio.sleep(0.2)  # ten polls: a worker still following would have acted
+        assert hook.calls == [] and asked == [True] and await published_role(operator, "w1") is WorkerRole.PREFILL
+    finally:
+        await lifecycle.leave()
+    assert not (tmp_path / "w1.role.json").exists()  # withdraw deletes the request: a restart under w1 serves
+
+
+async def test_a_worker_that_takes_no_drain_request_refuses_it_and_keeps_following_roles(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker_side, operator = registry(tmp_path), registry(tmp_path)
+    hook = Hook()
+    lifecycle = WorkerLifecycle(worker_side, config(), idle, heartbeat_interval_s=0.1, on_role_change=hook)
+    await lifecycle.announce()
+    caplog.set_level(logging.WARNING, logger="litellm_disagg")
+    try:
+        await operator.request_drain("w1")
+        await eventually(lambda: any("drain request refused" in r.getMessage() for r in caplog.records), timeout_s=5)
+        assert not lifecycle.drain_requested
+        await operator.request_role("w1", WorkerRole.DECODE)
+        await eventually(lambda: hook.calls == [(WorkerRole.PREFILL, WorkerRole.DECODE)], timeout_s=5)
+    finally:
+        await lifecycle.leave()
+
+
 async def test_change_role_to_the_same_role_does_nothing(tmp_path: Path) -> None:
     lifecycle = WorkerLifecycle(registry(tmp_path), config(), idle, heartbeat_interval_s=0.1)
     await lifecycle.announce()
@@ -156,6 +192,28 @@ async def test_the_vllm_wrapper_publishes_its_start_role_and_follows_requests(tm
         wrapper.request_stop()
         assert await asyncio.wait_for(run, 30) == 0
     assert await planner.snapshot() == [] and not (tmp_path / "w1.role.json").exists()
+
+
+async def test_the_vllm_wrapper_drains_leaves_and_exits_zero_on_a_drain_request(tmp_path: Path) -> None:
+    """``litellm-disagg drain``: the wrapper takes the way out SIGTERM takes (a fake engine with vLLM's HTTP
+    surface): DRAINING, settled, withdrawn, the engine stopped, exit status 0."""
+    port = free_port()
+    spec = LaunchSpec(model="m", served_model_name="fake", role=WorkerRole.DECODE, host="127.0.0.1", port=port,
+                      transfer_host="127.0.0.1", transfer_port=free_port(), device="cpu")
+    options = LifecycleOptions(worker_id="w1", heartbeat_interval_s=0.2, ready_timeout_s=30, drain_settle_s=0.3)
+    command = [sys.executable, "-m", "tests.support.fake_worker", "--port", str(port), "--name", "fake"]
+    wrapper = WorkerWrapper(spec, options, registry(tmp_path), engine=get_engine("vllm"), command=command)
+    operator = registry(tmp_path)
+    run = asyncio.create_task(wrapper.run())
+    try:
+        await eventually(lambda: wrapper.registration is not None and wrapper.registration.heartbeating, timeout_s=30)
+        await operator.request_drain("w1")
+        assert await asyncio.wait_for(run, 60) == 0
+    finally:
+        if not run.done():
+            wrapper.request_stop()
+            await asyncio.wait_for(run, 30)
+    assert await operator.snapshot() == [] and not (tmp_path / "w1.role.json").exists()
 
 
 def test_switchable_is_refused_for_engines_that_cannot_switch(capsys: pytest.CaptureFixture[str]) -> None:

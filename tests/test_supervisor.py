@@ -90,3 +90,33 @@ def test_stop_ends_everything_without_restarts(tmp_path, monkeypatch):
     supervisor.check()
     assert stopped[0] == 3 and sorted(stopped) == [2, 3]  # the proxy first; the dead prefill is not stopped again
     assert len(spawned) == 3 and not supervisor.alive("prefill")
+
+
+def test_a_worker_that_drained_on_purpose_stays_stopped_and_one_that_crashed_does_not(tmp_path):
+    """``litellm-disagg drain`` (or SIGTERM to one worker): the worker exits 0 and ``up`` leaves it stopped, as
+    systemd's ``Restart=on-failure``; a crash of the same worker is restarted; a child without the flag (the proxy)
+    is restarted whatever its exit status."""
+    clock, spawned, events = Clock(), [], []
+
+    def spawn(spec: ChildSpec) -> FakeProc:
+        proc = FakeProc(len(spawned) + 1)
+        spawned.append((spec.name, proc))
+        return proc
+
+    specs = [ChildSpec("decode", ("true",), {}, tmp_path / "decode.log", restart_after_clean_exit=False),
+             ChildSpec("prefill", ("true",), {}, tmp_path / "prefill.log", restart_after_clean_exit=False),
+             ChildSpec("proxy", ("true",), {}, tmp_path / "proxy.log")]
+    supervisor = Supervisor(specs, spawn=spawn, clock=clock, initial_backoff_s=1, max_backoff_s=8, stable_after_s=60,
+                            on_event=events.append)
+    supervisor.start()
+    procs = dict(spawned)
+    procs["decode"].die(0)
+    procs["prefill"].die(-9)
+    procs["proxy"].die(0)
+    for _ in range(20):
+        clock.now += 1
+        supervisor.check()
+    assert not supervisor.alive("decode") and supervisor.restarts("decode") == 0
+    assert supervisor.alive("prefill") and supervisor.restarts("prefill") == 1
+    assert supervisor.alive("proxy") and supervisor.restarts("proxy") == 1
+    assert any("decode exited cleanly" in e and "not restarted" in e for e in events)

@@ -2,7 +2,9 @@
 
 A role request is one small document per worker in the registry's store, next to (not inside) the worker's entry:
 the planner or ``litellm-disagg role`` writes it with ``Registry.request_role``, the worker follows it with
-``Registry.role_requests`` and answers by publishing its ``RuntimeConfig`` with the new role. Routers read only the
+``Registry.role_requests`` and answers by publishing its ``RuntimeConfig`` with the new role. ``litellm-disagg
+drain`` writes the same document with ``drain`` set (``Registry.request_drain``): the worker drains and leaves, as on
+SIGTERM, and its withdraw deletes the request (a worker started again under that id does not drain at once). Routers read only the
 published role: a request is a wish the worker may refuse (its launch cannot serve the role, it is draining), the
 published role is what the worker now serves.
 
@@ -44,6 +46,9 @@ class RoleRequest(BaseModel):
     role: Annotated[WorkerRole, json_enum(WorkerRole)]
     requested_at: JsonFloat = Field(default_factory=time.time)
     """Unix time of the request (the writer's clock): for logs and for measuring the flip, never for ordering."""
+    drain: bool = False
+    """Drain and leave, as on SIGTERM (``litellm-disagg drain``; ``role`` is then the worker's own, so a worker from
+    before this field reads a request for the role it has, and does nothing)."""
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()
@@ -58,6 +63,14 @@ def decode_request(raw: bytes, worker_id: str) -> RoleRequest:
     if request.worker_id != worker_id:
         raise ValueError(f"stored for {worker_id!r} but names {request.worker_id!r}")
     return request
+
+
+def drain_request(live: Iterable[RuntimeConfig], worker_id: str) -> RoleRequest:
+    """The request that asks a live worker to drain and leave (its published role kept); raises ``UnknownWorker``."""
+    for config in live:
+        if config.worker_id == worker_id:
+            return RoleRequest(worker_id=worker_id, role=config.role, drain=True)
+    raise UnknownWorker(f"no live worker {worker_id!r} in discovery")
 
 
 def check_request(live: Iterable[RuntimeConfig], worker_id: str, role: WorkerRole) -> RuntimeConfig:

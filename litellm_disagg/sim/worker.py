@@ -107,6 +107,8 @@ class SimWorker:
         self.publisher: KVEventPublisher | None = None
         self.config: RuntimeConfig | None = None
         self.port = 0
+        self._drain_task: asyncio.Task[bool] | None = None
+        """A drain a drain request started (kept so that it is not collected mid-way)."""
         self._nixl_sock: socket.socket | None = None
         self._server: _Server | None = None
         self._serve_task: asyncio.Task[None] | None = None
@@ -184,6 +186,7 @@ class SimWorker:
             self._activity,
             heartbeat_interval_s=self.heartbeat_interval_s,
             on_role_change=self._role_changed,
+            on_drain_request=self._drain_requested,
         )
         self.state = SimWorkerState.READY
         await self._lifecycle.announce()
@@ -193,6 +196,10 @@ class SimWorker:
         self.role = new  # the engine already serves every kind (switchable); the published config has the new role
         if self._lifecycle is not None:
             self.config = self._lifecycle.config
+
+    def _drain_requested(self) -> None:
+        """``litellm-disagg drain``: drain and stop, in the background (the lifecycle's call returns at once)."""
+        self._drain_task = asyncio.create_task(self.drain(), name=f"sim-drain-{self.worker_id}")
 
     async def drain(self, *, timeout_s: float = 30.0, settle_s: float = 0.0) -> bool:
         """Leave gracefully. True when the engine went idle in time, False when the timeout cut in-flight work."""

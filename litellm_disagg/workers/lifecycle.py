@@ -24,7 +24,8 @@ the new role (routers stop sending work of the old kind as soon as they see it),
 hook runs (the simulator switches its engine; vLLM launched ``kv_both`` needs nothing). Work of the old role already
 in flight simply finishes: the engine serves both kinds at once, and a prefill's KV held for a decode stays until the
 decode pulls it (or the engine's abort timeout releases it). A request the launch cannot serve, or one that arrives
-while draining, is refused and logged; the worker keeps its role.
+while draining, is refused and logged; the worker keeps its role. A drain request (``litellm-disagg drain``) calls the
+worker's ``on_drain_request``, once: the worker then drains and leaves as on SIGTERM.
 """
 
 from __future__ import annotations
@@ -65,6 +66,10 @@ class RoleRequestSource(Protocol):
 
 RoleChangeHook = Callable[[WorkerRole, WorkerRole], Awaitable[None]]
 """Called with (old role, new role) right after the new role is published."""
+
+DrainRequestHook = Callable[[], None]
+"""Called once when a drain request arrives (``litellm-disagg drain``): the worker starts its own way out, as on
+SIGTERM (``drain()`` then ``leave()``), outside the call: the call returns at once."""
 
 
 class RoleChangeRefused(Exception):
@@ -131,10 +136,12 @@ class WorkerLifecycle:
         drain: DrainPolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_role_change: RoleChangeHook | None = None,
+        on_drain_request: DrainRequestHook | None = None,
         role_retry_s: float = 1.0,
     ):
         """``clock`` measures the drain's timeout and settle window (tests pass a fake one). ``on_role_change`` runs
-        after a role change is published; ``role_retry_s`` is the pause before following role requests again after
+        after a role change is published; ``on_drain_request`` when a drain request arrives (without one, such a
+        request is refused and logged); ``role_retry_s`` is the pause before following role requests again after
         the registry failed."""
         self.registry = registry
         self.config = config.with_state(WorkerState.READY)
@@ -143,6 +150,9 @@ class WorkerLifecycle:
         self.drain_policy = drain or DrainPolicy()
         self.clock = clock
         self.on_role_change = on_role_change
+        self.on_drain_request = on_drain_request
+        self.drain_requested = False
+        """A drain request arrived (``on_drain_request`` was called)."""
         self.role_retry_s = role_retry_s
         self.role_changes: list[RoleChange] = []
         """Every role change applied, oldest first."""
@@ -251,6 +261,10 @@ class WorkerLifecycle:
         while not self._left:
             try:
                 async for request in source.role_requests(self.worker_id):
+                    if request is not None and request.drain:
+                        if self._drain_requested():
+                            return  # the worker's drain stops this task; no role changes while it drains
+                        continue
                     if request is None or request.role is self.config.role:
                         continue
                     try:
@@ -266,6 +280,17 @@ class WorkerLifecycle:
             except RegistryError as exc:
                 logger.warning("worker %s: following role requests failed (will retry): %s", self.worker_id, exc)
             await asyncio.sleep(self.role_retry_s)
+
+    def _drain_requested(self) -> bool:
+        """A drain request: hand it to the worker (True), or refuse it when the worker takes none (False)."""
+        if self.on_drain_request is None:
+            logger.warning("worker %s: drain request refused: this worker drains on SIGTERM only", self.worker_id)
+            return False
+        if not self.drain_requested:
+            self.drain_requested = True
+            logger.info("worker %s: drain requested through discovery", self.worker_id)
+            self.on_drain_request()
+        return True
 
     async def _heartbeats(self) -> None:
         last = self.clock()

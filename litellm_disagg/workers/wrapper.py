@@ -6,7 +6,8 @@ simulated worker)::
     start vLLM ──> /health ok ──> probe engine ──> publish READY ──> heartbeat ...
         │                                                        │
         └─ vLLM exits: withdraw, print its last log lines, exit non-zero
-                                                                 └─ SIGTERM/SIGINT: publish DRAINING (routers send
+                                                                 └─ SIGTERM/SIGINT or a drain request
+                                                                    (litellm-disagg drain): publish DRAINING (routers send
                                                                     nothing new), wait until the engine is idle and
                                                                     settled (or the drain timeout), withdraw, stop vLLM
 """
@@ -230,6 +231,7 @@ class WorkerWrapper:
             functools.partial(self._activity, client),
             heartbeat_interval_s=self.lifecycle.heartbeat_interval_s,
             drain=self.lifecycle.drain_policy(),
+            on_drain_request=self.request_stop,
         )
         await self.registration.announce()
         logger.info("worker %s ready at %s (%d KV blocks of %d tokens)", self.config.worker_id, self.config.base_url,

@@ -14,6 +14,7 @@ import yaml
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.sim import SimCluster
+from litellm_disagg.sim.worker import SimWorkerState
 
 from ..support.procs import MASTER_KEY, ProxyProc
 from ..support.proxy_configs import plugin_only
@@ -163,6 +164,38 @@ async def test_role_command_moves_a_worker_and_refuses_what_cannot_be(tmp_path):
         assert code == 2 and "cannot serve role 'prefill'" in err and "--switchable" in err
 
         code, _, err = await role_command(registry_dir, "no-such-worker", "prefill")
+        assert code == 2 and "no live worker 'no-such-worker'" in err
+
+
+async def drain_command(registry_dir, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "litellm_disagg.cli", "drain", *args, "--registry-dir", str(registry_dir),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_drain_command_takes_a_worker_out_of_discovery_and_refuses_an_unknown_one(tmp_path):
+    registry_dir = tmp_path / "registry"
+    async with SimCluster(registry=FileRegistry(registry_dir, poll_interval_s=0.05), settings=fast_settings(),
+                          heartbeat_interval_s=0.2, name="sim-drain") as cluster:
+        leaving = await cluster.add(WorkerRole.DECODE, worker_id="w-leaving")
+        staying = await cluster.add(WorkerRole.DECODE, worker_id="w-staying")
+
+        code, out, err = await drain_command(registry_dir, "w-leaving")
+        assert code == 0, err
+        assert "w-leaving: drain requested" in out and "left discovery" in out
+        await eventually(lambda: leaving.state is SimWorkerState.STOPPED, timeout_s=30)
+        assert staying.state is SimWorkerState.READY
+        reader = FileRegistry(registry_dir)
+        try:
+            assert {w.worker_id for w in await reader.snapshot()} == {"w-staying"}
+        finally:
+            await reader.close()
+
+        code, _, err = await drain_command(registry_dir, "no-such-worker")
         assert code == 2 and "no live worker 'no-such-worker'" in err
 
 

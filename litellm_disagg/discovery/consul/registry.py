@@ -18,7 +18,7 @@ Worker side
         Blocking queries on ``<role_kv_prefix>/<worker_id>`` (``roles.py``).
 
 Planner and operator side
-    ``request_role(worker_id, role)``
+    ``request_role(worker_id, role)``, ``request_drain(worker_id)``
         Checks the live entries (``discovery/roles.py``), then ``PUT /v1/kv/<role_kv_prefix>/<worker_id>``.
 
 Router side
@@ -58,7 +58,7 @@ from litellm_disagg.discovery.consul.reader import ConsulReader
 from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.discovery.consul.watch import ConsulWatch
 from litellm_disagg.discovery.registry import RegistryError
-from litellm_disagg.discovery.roles import RoleRequest, check_request
+from litellm_disagg.discovery.roles import RoleRequest, check_request, drain_request
 from litellm_disagg.discovery.status import DiscoveryStatus
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
 
@@ -168,6 +168,9 @@ class ConsulRegistry:
     async def request_role(self, worker_id: str, role: WorkerRole) -> None:
         check_request(await self.snapshot(), worker_id, role)
         await roles.write(self._http, self.settings, RoleRequest(worker_id=worker_id, role=role))
+
+    async def request_drain(self, worker_id: str) -> None:
+        await roles.write(self._http, self.settings, drain_request(await self.snapshot(), worker_id))
 
     async def role_requests(self, worker_id: str) -> AsyncIterator[RoleRequest | None]:
         if self._closed:

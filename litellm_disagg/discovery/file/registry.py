@@ -9,7 +9,7 @@ Entries are claims, not facts: anyone who can write the directory can write one.
 is not a plain file (a symlink, a FIFO, a device), a file larger than ``MAX_ENTRY_BYTES``, a heartbeat that is not a
 finite number or lies in the future (beyond ``ttl_s`` of clock skew), and invalid configs; and it warns once when the
 directory is writable by its group or by everyone. Role requests live next to the entries as ``<worker_id>.role.json``
-(``request_role`` writes one, ``role_requests`` polls it, ``withdraw`` deletes it) and are read with the same care. An unchanged file (same size, modification time and inode) is not
+(``request_role`` and ``request_drain`` write one, ``role_requests`` polls it, ``withdraw`` deletes it) and are read with the same care. An unchanged file (same size, modification time and inode) is not
 parsed again, so a directory of thousands of entries costs one ``stat`` each per poll.
 """
 
@@ -33,7 +33,13 @@ from pydantic import ValidationError
 
 from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.discovery.registry import RegistryError
-from litellm_disagg.discovery.roles import MAX_REQUEST_BYTES, RoleRequest, check_request, decode_request
+from litellm_disagg.discovery.roles import (
+    MAX_REQUEST_BYTES,
+    RoleRequest,
+    check_request,
+    decode_request,
+    drain_request,
+)
 from litellm_disagg.discovery.status import DiscoveryStatus
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
 
@@ -98,6 +104,10 @@ class FileRegistry:
     async def request_role(self, worker_id: str, role: WorkerRole) -> None:
         check_request(await self.snapshot(), worker_id, role)
         request = RoleRequest(worker_id=worker_id, role=role)
+        await self._in_thread(self._write_atomic, self._role_path(worker_id), request.encode())
+
+    async def request_drain(self, worker_id: str) -> None:
+        request = drain_request(await self.snapshot(), worker_id)
         await self._in_thread(self._write_atomic, self._role_path(worker_id), request.encode())
 
     async def role_requests(self, worker_id: str) -> AsyncIterator[RoleRequest | None]:
