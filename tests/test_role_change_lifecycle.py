@@ -49,6 +49,18 @@ def registry(path: Path) -> FileRegistry:
     return FileRegistry(path, ttl_s=5.0, poll_interval_s=0.02)
 
 
+def fake_wrapper(tmp_path: Path, launch_role: WorkerRole, *, role: WorkerRole | None = None,
+                 allowed_roles: tuple[WorkerRole, ...] = ()) -> tuple[LaunchSpec, WorkerWrapper]:
+    """``litellm-disagg worker`` (id ``w1``) over a fake engine with vLLM's HTTP surface, on the file registry."""
+    port = free_port()
+    spec = LaunchSpec(model="m", served_model_name="fake", role=launch_role, host="127.0.0.1", port=port,
+                      transfer_host="127.0.0.1", transfer_port=free_port(), device="cpu")
+    lifecycle = LifecycleOptions(worker_id="w1", heartbeat_interval_s=0.2, ready_timeout_s=30, drain_settle_s=0.3,
+                                 role=role, allowed_roles=allowed_roles)
+    command = [sys.executable, "-m", "tests.support.fake_worker", "--port", str(port), "--name", "fake"]
+    return spec, WorkerWrapper(spec, lifecycle, registry(tmp_path), engine=get_engine("vllm"), command=command)
+
+
 async def published_role(reader: FileRegistry, worker_id: str) -> WorkerRole | None:
     for entry in await reader.snapshot():
         if entry.worker_id == worker_id:
@@ -169,14 +181,8 @@ async def test_change_role_to_the_same_role_does_nothing(tmp_path: Path) -> None
 async def test_the_vllm_wrapper_publishes_its_start_role_and_follows_requests(tmp_path: Path) -> None:
     """``litellm-disagg worker --switchable``: the engine launched ``both`` (kv_both), the worker published in the
     role it starts in with every role allowed, then moved by a request (a fake engine with vLLM's HTTP surface)."""
-    port = free_port()
-    spec = LaunchSpec(model="m", served_model_name="fake", role=WorkerRole.BOTH, host="127.0.0.1", port=port,
-                      transfer_host="127.0.0.1", transfer_port=free_port(), device="cpu")
+    spec, wrapper = fake_wrapper(tmp_path, WorkerRole.BOTH, role=WorkerRole.PREFILL, allowed_roles=ALL)
     assert '"kv_role": "kv_both"' in " ".join(get_engine("vllm").adapter.launch(spec).argv)
-    options = LifecycleOptions(worker_id="w1", heartbeat_interval_s=0.2, ready_timeout_s=30, drain_settle_s=0.3,
-                               role=WorkerRole.PREFILL, allowed_roles=ALL)
-    command = [sys.executable, "-m", "tests.support.fake_worker", "--port", str(port), "--name", "fake"]
-    wrapper = WorkerWrapper(spec, options, registry(tmp_path), engine=get_engine("vllm"), command=command)
     planner = registry(tmp_path)
     run = asyncio.create_task(wrapper.run())
     try:
@@ -197,12 +203,7 @@ async def test_the_vllm_wrapper_publishes_its_start_role_and_follows_requests(tm
 async def test_the_vllm_wrapper_drains_leaves_and_exits_zero_on_a_drain_request(tmp_path: Path) -> None:
     """``litellm-disagg drain``: the wrapper takes the way out SIGTERM takes (a fake engine with vLLM's HTTP
     surface): DRAINING, settled, withdrawn, the engine stopped, exit status 0."""
-    port = free_port()
-    spec = LaunchSpec(model="m", served_model_name="fake", role=WorkerRole.DECODE, host="127.0.0.1", port=port,
-                      transfer_host="127.0.0.1", transfer_port=free_port(), device="cpu")
-    options = LifecycleOptions(worker_id="w1", heartbeat_interval_s=0.2, ready_timeout_s=30, drain_settle_s=0.3)
-    command = [sys.executable, "-m", "tests.support.fake_worker", "--port", str(port), "--name", "fake"]
-    wrapper = WorkerWrapper(spec, options, registry(tmp_path), engine=get_engine("vllm"), command=command)
+    _, wrapper = fake_wrapper(tmp_path, WorkerRole.DECODE)
     operator = registry(tmp_path)
     run = asyncio.create_task(wrapper.run())
     try:

@@ -20,12 +20,9 @@ import time
 from typing import TextIO
 
 from litellm_disagg.discovery.registry import Registry, RegistryError
+from litellm_disagg.discovery.role_command import find_worker
 from litellm_disagg.discovery.roles import UnknownWorker
-from litellm_disagg.runtime_config import RuntimeConfig, WorkerState
-
-
-def _find(configs: list[RuntimeConfig], worker_id: str) -> RuntimeConfig | None:
-    return next((c for c in configs if c.worker_id == worker_id), None)
+from litellm_disagg.runtime_config import WorkerState
 
 
 async def drain_worker(registry: Registry, worker_id: str, *, timeout_s: float, out: TextIO, err: TextIO) -> int:
@@ -43,7 +40,7 @@ async def drain_worker(registry: Registry, worker_id: str, *, timeout_s: float, 
     try:
         async with asyncio.timeout(timeout_s):
             async for configs in registry.watch():
-                current = _find(configs, worker_id)
+                current = find_worker(configs, worker_id)
                 if current is None:
                     print(f"{worker_id}: left discovery {time.monotonic() - started:.2f} s after the request",
                           file=out)
@@ -57,7 +54,7 @@ async def drain_worker(registry: Registry, worker_id: str, *, timeout_s: float, 
     except RegistryError as exc:
         print(f"litellm-disagg drain: discovery failed while waiting: {exc}", file=err)
         return 1
-    now = _find(await registry.snapshot(), worker_id)
+    now = find_worker(await registry.snapshot(), worker_id)
     state = f"still listed ({now.state.value})" if now is not None else "no longer listed"
     print(f"litellm-disagg drain: {worker_id} {state} after {timeout_s:g} s; the request stays in discovery "
           "(see the worker's log: a worker that takes no drain request logs a refusal)", file=err)

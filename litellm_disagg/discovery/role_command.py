@@ -17,7 +17,8 @@ from litellm_disagg.discovery.roles import RoleNotServable, UnknownWorker
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
 
 
-def _find(configs: list[RuntimeConfig], worker_id: str) -> RuntimeConfig | None:
+def find_worker(configs: list[RuntimeConfig], worker_id: str) -> RuntimeConfig | None:
+    """The entry for ``worker_id`` in a snapshot, if listed."""
     return next((c for c in configs if c.worker_id == worker_id), None)
 
 
@@ -25,7 +26,7 @@ async def change_role(
     registry: Registry, worker_id: str, role: WorkerRole, *, timeout_s: float, out: TextIO, err: TextIO
 ) -> int:
     try:
-        before = _find(await registry.snapshot(), worker_id)
+        before = find_worker(await registry.snapshot(), worker_id)
         await registry.request_role(worker_id, role)
     except (UnknownWorker, RoleNotServable) as exc:
         print(f"litellm-disagg role: refused: {exc}", file=err)
@@ -42,7 +43,7 @@ async def change_role(
     try:
         async with asyncio.timeout(timeout_s):
             async for configs in registry.watch():
-                current = _find(configs, worker_id)
+                current = find_worker(configs, worker_id)
                 if current is not None and current.role is role:
                     print(f"{worker_id}: now {role.value} ({current.state.value}), published "
                           f"{time.monotonic() - started:.2f} s after the request", file=out)
@@ -52,7 +53,7 @@ async def change_role(
     except RegistryError as exc:
         print(f"litellm-disagg role: discovery failed while waiting: {exc}", file=err)
         return 1
-    now = _find(await registry.snapshot(), worker_id)
+    now = find_worker(await registry.snapshot(), worker_id)
     state = f"still publishes {now.role.value} ({now.state.value})" if now is not None else "is no longer listed"
     print(f"litellm-disagg role: {worker_id} {state} after {timeout_s:g} s; the request stays in discovery "
           "(see the worker's log for a refusal)", file=err)

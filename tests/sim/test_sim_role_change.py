@@ -136,8 +136,16 @@ async def test_workers_change_pool_under_steady_traffic_through_the_proxy(tmp_pa
 
 
 async def role_command(registry_dir, *args: str) -> tuple[int, str, str]:
+    return await operator_command("role", registry_dir, *args)
+
+
+async def drain_command(registry_dir, *args: str) -> tuple[int, str, str]:
+    return await operator_command("drain", registry_dir, *args)
+
+
+async def operator_command(command: str, registry_dir, *args: str) -> tuple[int, str, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "litellm_disagg.cli", "role", *args, "--registry-dir", str(registry_dir),
+        sys.executable, "-m", "litellm_disagg.cli", command, *args, "--registry-dir", str(registry_dir),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
@@ -165,16 +173,6 @@ async def test_role_command_moves_a_worker_and_refuses_what_cannot_be(tmp_path):
 
         code, _, err = await role_command(registry_dir, "no-such-worker", "prefill")
         assert code == 2 and "no live worker 'no-such-worker'" in err
-
-
-async def drain_command(registry_dir, *args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "litellm_disagg.cli", "drain", *args, "--registry-dir", str(registry_dir),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=120)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_drain_command_takes_a_worker_out_of_discovery_and_refuses_an_unknown_one(tmp_path):
