@@ -18,7 +18,10 @@ than the split's, the later one no lower than the earlier: aggregated serving di
 fix. One window is not enough: the backlog the split left behind drains on the ``both`` workers, and its first
 tokens fill the first settled window however well they keep up (in the simulated evaluation a one-window check
 refuted a prompt-heavy crossing that paid, and the planner's goodput there fell from 27.0-27.5 to 15.8-27.5
-requests/s); a falling reading waits for the next window. Nothing else leads back: every worker ``both``, ``prefill_bound``
+requests/s); a falling reading waits for the next window. Ending the check takes two readings in a row better than
+the split's (or within the SLO), as refuting it takes two no better: at a few requests a minute a window holds
+five first tokens, and on real CPU workers one better reading (1.19x the SLO against the split's 1.55x) ended a check
+whose next window read 1.68x (docs/benchmarks.md, "Again after `72bb16b`"). Nothing else leads back: every worker ``both``, ``prefill_bound``
 has no move (a prefill worker beside only ``both`` workers gets no prompts: they serve their own), and the ITL,
 which the estimate did price, holds. So a refuted crossing goes back to the split it came from
 (``aggregation_refuted``: its prefill and decode worker counts, the ``both`` workers moved at once, skipping the
@@ -60,12 +63,15 @@ class TtftRefutation:
     reading: float | None = None
     """The pending crossing's last settled prefill pressure, over 1 and no lower than the split's."""
     reading_at: float | None = None
+    better: bool = False
+    """The pending crossing's last settled reading was better than the split's (one more ends the check)."""
 
     def crossed(self, prefill: float | None, prompt_rate: float | None, split: tuple[int, int]) -> None:
         """The first move of a crossing; ``prefill``: the split's prefill pressure (None: not measured); ``split``:
         its (prefill, decode) workers. Only a crossing for the prefill side (over 1) is checked here: an ITL-driven
         one has the mixing correction."""
         self.back_to = self.reading = self.reading_at = None
+        self.better = False
         self.pending = (Crossing(prefill, prompt_rate, *split) if prefill is not None and prefill > 1.0 else None)
 
     def settled(self, prefill: float | None, prompt_rate: float | None, swing_max: float, *, now: float,
@@ -79,15 +85,19 @@ class TtftRefutation:
             return False
         if self.reading_at is not None and now - self.reading_at < window_s:
             return False
-        if prefill <= 1.0 or prefill < crossing.prefill:
-            self.pending = self.reading = self.reading_at = None  # it paid: the check is over
-            return False
         if not _same_load(crossing.prompt_rate, prompt_rate, swing_max):
             return False  # another load: no reading either way (at a few requests a minute the rate is noisy)
+        if prefill <= 1.0 or prefill < crossing.prefill:
+            if self.better:
+                self.moved()  # two readings in a row better than the split's: it paid, the check is over
+                return False
+            self.better, self.reading, self.reading_at = True, None, now
+            return False
+        self.better = False
         if self.reading is None or prefill < self.reading:
             self.reading, self.reading_at = prefill, now   # still falling: a backlog the split left drains
             return False
-        self.pending = self.reading = self.reading_at = None
+        self.moved()
         self.refuted_rate = crossing.prompt_rate if crossing.prompt_rate is not None else prompt_rate
         self.back_to = (crossing.prefill_workers, crossing.decode_workers)
         return True
@@ -95,6 +105,7 @@ class TtftRefutation:
     def moved(self) -> None:
         """A move of another condition: the layout is no longer the crossing's, whose check is over."""
         self.pending = self.reading = self.reading_at = None
+        self.better = False
 
     def way_back(self, workers: int, both: int) -> tuple[int, int] | None:
         """The (prefill, decode) split to move the model's ``workers`` to, ``both`` of them ``both`` now; None when

@@ -93,6 +93,21 @@ def test_a_crossing_that_shortened_the_first_tokens_wait_stays() -> None:
     assert run.roles() == [B, B]
 
 
+def test_one_better_window_is_no_verdict_two_worse_ones_after_it_refute() -> None:
+    """On real CPU workers a window of five first tokens read 1.19x the SLO against the split's 1.55x, and the next
+    1.68x: one reading ended the check then. Ending it takes two better readings in a row, as refuting takes two."""
+    run = Run(Planner(settings()), split_1p1d())
+    run.cross()
+    crossed_at = run.t - 2.0
+    while run.t <= crossed_at + 14.0:            # the first settled reading (10-12 s after the move): better
+        decision = run.step(1200.0)
+        assert not decision.moves
+    while run.roles() == [B, B]:
+        assert run.t <= crossed_at + 50.0, run.log
+        decision = run.step(2000.0)
+    assert decision.condition is Condition.AGGREGATION_REFUTED and run.roles() == [D, P]
+
+
 def test_a_backlog_draining_after_the_crossing_is_not_a_refutation() -> None:
     """The split's backlog drains on the ``both`` workers: the first settled window's first tokens waited longer
     than the split's did, the next window's less, and so on. A one-window check refuted such a crossing in the
