@@ -381,10 +381,12 @@ async def test_the_planner_splits_real_aggregated_workers_again_when_mixing_brea
     # The sized split needs both load rates. Where the workers' generation counters could not be read for longer than
     # the hold (two CI runs, 2026-12-05 and 2026-12-06: ``output_tokens_per_s`` null for 12-20 s while three engines
     # prefilled long prompts on two cores), the rules acted first (``decode_bound``, one ``both`` worker to decode a
-    # step): allowed only in decisions whose output rate was unknown, and ``disaggregation_pays`` then finishes it.
+    # step): allowed only in decisions whose output rate was unknown; the rules may then finish the split too
+    # (``mixing_costly``; CI at 1f68b9b: the standalone planner read the proxy's page after the workers' and took
+    # the fresh counters for stale, fixed in ``planner/collect.py``). With the output rate known, only
+    # ``disaggregation_pays`` moves.
     decisions = [d for d in planner_decisions(c.planner_log) if d["moves"]]
     assert all(d["condition"] == "disaggregation_pays" or d.get("output_tokens_per_s") is None for d in decisions), decisions
-    assert "disaggregation_pays" in {condition for condition, _ in moves}, moves
     assert sorted(worker_id for _, (worker_id, _, _) in moves) == sorted(w.worker_id for w in c.workers), moves
     assert all(from_role == "both" for _, (_, from_role, _) in moves), moves
     assert sorted(roles.values()) == sorted([WorkerRole.PREFILL, WorkerRole.DECODE, WorkerRole.DECODE]), roles

@@ -216,6 +216,9 @@ class SignalCollector:
         self.scraper.set_targets({w.worker_id: w.server_url for w in workers},
                                  metrics={w.worker_id: engine_for(w).adapter.metrics for w in workers})
         await self.scraper.scrape_once()
+        # read this round's values now: the proxies' pages come next (up to their own timeout), and a value looked up
+        # after them would read as stale, the generation counter skipped, though this very step scraped it
+        loads = self.scraper.lookup()
         latency = await self.latency.read()
         window, q = self.settings.window_s, self.settings.quantile
         reach = self.settings.window_max_s
@@ -229,7 +232,6 @@ class SignalCollector:
                 self._prefill.setdefault(model, HistogramWindow(window, reach)).add(now, totals.prefill)
             if totals.prompt_tokens:
                 self._prompted.setdefault(model, CounterWindow(window)).add(now, totals.prompt_tokens)
-        loads = self.scraper.lookup()
         rate = self._prefill_rate() if self._prefill_rate is not None else None
         by_model: dict[str, list[WorkerSignals]] = {}
         generated: dict[str, dict[str, float]] = {}

@@ -296,3 +296,29 @@ async def test_a_worker_whose_metrics_page_answers_slower_than_the_planners_inte
     finally:
         await c.aclose()
         await runner.cleanup()
+
+
+async def test_a_slow_proxy_page_does_not_make_this_steps_worker_counters_stale(client) -> None:
+    """The standalone planner reads the workers' pages, then the proxies' (their own timeout): values scraped in
+    this step are this step's, however long the proxies' pages take (CI at 1f68b9b: the output rate unknown for the
+    whole test while the counters were read at every step)."""
+    pages, http = client
+    clock = [0.0]
+
+    class SlowProxy:
+        async def read(self) -> Mapping[str, ProxyTotals]:
+            clock[0] += 3.0                        # the proxy's page answers 3 s later: past stale_after_s
+            return {}
+
+    scraper = LoadScraper(client=http, clock=lambda: clock[0], stale_after_s=1.0)
+    c = SignalCollector(settings(), SlowProxy(), scraper=scraper)
+    workers = [worker("d0", "decode")]
+    try:
+        pages.pages = {"http://d0:8000/metrics": engine_page(1000)}
+        first = await rates(c, 0.0, workers)
+        assert first.workers[0].kv_usage == pytest.approx(0.25)
+        pages.pages = {"http://d0:8000/metrics": engine_page(1500)}
+        assert (await rates(c, 5.0, workers)).output_tokens_per_s == pytest.approx(500 / 5)
+    finally:
+        await c.aclose()
+        await http.aclose()
