@@ -15,14 +15,13 @@ Deployment down instead (the pod gets SIGTERM and drains the same way; docs/plan
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TextIO
 
 from litellm_disagg.discovery.registry import Registry, RegistryError
-from litellm_disagg.discovery.role_command import find_worker
 from litellm_disagg.discovery.roles import UnknownWorker
-from litellm_disagg.runtime_config import WorkerState
+from litellm_disagg.discovery.worker_watch import watch_worker
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerState
 
 
 async def drain_worker(registry: Registry, worker_id: str, *, timeout_s: float, out: TextIO, err: TextIO) -> int:
@@ -37,25 +36,25 @@ async def drain_worker(registry: Registry, worker_id: str, *, timeout_s: float, 
     started = time.monotonic()
     print(f"{worker_id}: drain requested; waiting for it to finish its work and leave discovery", file=out, flush=True)
     draining_seen = False
+
+    def progress(entry: RuntimeConfig | None) -> None:
+        nonlocal draining_seen
+        if entry is not None and entry.state is WorkerState.DRAINING and not draining_seen:
+            draining_seen = True
+            print(f"{worker_id}: draining (published {time.monotonic() - started:.2f} s after the request)",
+                  file=out, flush=True)
+
     try:
-        async with asyncio.timeout(timeout_s):
-            async for configs in registry.watch():
-                current = find_worker(configs, worker_id)
-                if current is None:
-                    print(f"{worker_id}: left discovery {time.monotonic() - started:.2f} s after the request",
-                          file=out)
-                    return 0
-                if current.state is WorkerState.DRAINING and not draining_seen:
-                    draining_seen = True
-                    print(f"{worker_id}: draining (published {time.monotonic() - started:.2f} s after the request)",
-                          file=out, flush=True)
-    except TimeoutError:
-        pass
+        outcome = await watch_worker(
+            registry, worker_id, until=lambda entry: entry is None, timeout_s=timeout_s, on_entry=progress
+        )
     except RegistryError as exc:
         print(f"litellm-disagg drain: discovery failed while waiting: {exc}", file=err)
         return 1
-    now = find_worker(await registry.snapshot(), worker_id)
-    state = f"still listed ({now.state.value})" if now is not None else "no longer listed"
-    print(f"litellm-disagg drain: {worker_id} {state} after {timeout_s:g} s; the request stays in discovery "
-          "(see the worker's log: a worker that takes no drain request logs a refusal)", file=err)
-    return 1 if now is not None else 0
+    if outcome.reached:
+        print(f"{worker_id}: left discovery {time.monotonic() - started:.2f} s after the request", file=out)
+        return 0
+    state = outcome.entry.state.value if outcome.entry is not None else "?"
+    print(f"litellm-disagg drain: {worker_id} still listed ({state}) after {timeout_s:g} s; the request stays in "
+          "discovery (see the worker's log: a worker that takes no drain request logs a refusal)", file=err)
+    return 1

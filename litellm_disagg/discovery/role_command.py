@@ -8,18 +8,13 @@ it), 2 refused (unknown worker, a role its launch cannot serve, discovery unreac
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TextIO
 
 from litellm_disagg.discovery.registry import Registry, RegistryError
 from litellm_disagg.discovery.roles import RoleNotServable, UnknownWorker
-from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
-
-
-def find_worker(configs: list[RuntimeConfig], worker_id: str) -> RuntimeConfig | None:
-    """The entry for ``worker_id`` in a snapshot, if listed."""
-    return next((c for c in configs if c.worker_id == worker_id), None)
+from litellm_disagg.discovery.worker_watch import find_worker, watch_worker
+from litellm_disagg.runtime_config import WorkerRole
 
 
 async def change_role(
@@ -41,19 +36,17 @@ async def change_role(
         return 0
     print(f"{worker_id}: {old} -> {role.value} requested; waiting for the worker to publish it", file=out, flush=True)
     try:
-        async with asyncio.timeout(timeout_s):
-            async for configs in registry.watch():
-                current = find_worker(configs, worker_id)
-                if current is not None and current.role is role:
-                    print(f"{worker_id}: now {role.value} ({current.state.value}), published "
-                          f"{time.monotonic() - started:.2f} s after the request", file=out)
-                    return 0
-    except TimeoutError:
-        pass
+        outcome = await watch_worker(
+            registry, worker_id, until=lambda entry: entry is not None and entry.role is role, timeout_s=timeout_s
+        )
     except RegistryError as exc:
         print(f"litellm-disagg role: discovery failed while waiting: {exc}", file=err)
         return 1
-    now = find_worker(await registry.snapshot(), worker_id)
+    now = outcome.entry
+    if outcome.reached and now is not None:
+        print(f"{worker_id}: now {role.value} ({now.state.value}), published "
+              f"{time.monotonic() - started:.2f} s after the request", file=out)
+        return 0
     state = f"still publishes {now.role.value} ({now.state.value})" if now is not None else "is no longer listed"
     print(f"litellm-disagg role: {worker_id} {state} after {timeout_s:g} s; the request stays in discovery "
           "(see the worker's log for a refusal)", file=err)

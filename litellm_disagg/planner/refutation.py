@@ -89,7 +89,7 @@ class TtftRefutation:
             return False  # another load: no reading either way (at a few requests a minute the rate is noisy)
         if prefill <= 1.0 or prefill < crossing.prefill:
             if self.better:
-                self.moved()  # two readings in a row better than the split's: it paid, the check is over
+                self._end_check()  # two readings in a row better than the split's: it paid
                 return False
             self.better, self.reading, self.reading_at = True, None, now
             return False
@@ -97,13 +97,17 @@ class TtftRefutation:
         if self.reading is None or prefill < self.reading:
             self.reading, self.reading_at = prefill, now   # still falling: a backlog the split left drains
             return False
-        self.moved()
+        self._end_check()
         self.refuted_rate = crossing.prompt_rate if crossing.prompt_rate is not None else prompt_rate
         self.back_to = (crossing.prefill_workers, crossing.decode_workers)
         return True
 
     def moved(self) -> None:
         """A move of another condition: the layout is no longer the crossing's, whose check is over."""
+        self._end_check()
+
+    def _end_check(self) -> None:
+        """The pending crossing's check is over (paid, refuted, or its layout left): nothing pending, no reading."""
         self.pending = self.reading = self.reading_at = None
         self.better = False
 

@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
+from litellm_disagg.engines.base import Endpoint
 from litellm_disagg.routing.kv.settings import TokenizerSettings
 from litellm_disagg.routing.kv.tokenizer import PromptTokenizer, tokenize_body
-from litellm_disagg.engines.base import Endpoint
 
 TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"

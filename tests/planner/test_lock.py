@@ -48,8 +48,9 @@ async def test_file_lock_one_holder_then_takeover_after_release(tmp_path: Path) 
 
 async def test_file_lock_holder_killed_the_other_takes_over(tmp_path: Path) -> None:
     path = tmp_path / LOCK_FILE
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path)], stdout=subprocess.PIPE, text=True,
-                              cwd=Path(__file__).resolve().parents[2])
+    root = Path(__file__).parents[2]  # the repository (no I/O: __file__ is absolute)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path)], stdout=subprocess.PIPE,  # noqa: ASYNC220
+                              text=True, cwd=root)
     try:
         assert holder.stdout is not None
         line = await asyncio.wait_for(asyncio.to_thread(holder.stdout.readline), 60)
