@@ -199,14 +199,31 @@ def _run_role(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
-def _run_drain(args: argparse.Namespace) -> int:
-    from litellm_disagg.discovery.drain_command import drain_worker
+def _run_drain_hook(args: argparse.Namespace) -> int:
+    from litellm_disagg.discovery.drain_command import drain_named_worker
+    from litellm_disagg.discovery.roles import AfterDrain
 
     async def run() -> int:
         registry = registry_from_args(args)
         try:
-            return await drain_worker(registry, args.worker_id, timeout_s=args.timeout, out=sys.stdout,
-                                      err=sys.stderr)
+            return await drain_named_worker(registry, os.environ, then=AfterDrain.PARK if args.park else AfterDrain.EXIT,
+                                            out=sys.stdout, err=sys.stderr)
+        finally:
+            await registry.close()
+
+    return asyncio.run(run())
+
+
+def _run_drain(args: argparse.Namespace) -> int:
+    from litellm_disagg.discovery.drain_command import drain_worker
+    from litellm_disagg.discovery.roles import AfterDrain
+
+    async def run() -> int:
+        registry = registry_from_args(args)
+        try:
+            return await drain_worker(registry, args.worker_id, timeout_s=args.timeout,
+                                      then=AfterDrain.PARK if args.park else AfterDrain.EXIT,
+                                      out=sys.stdout, err=sys.stderr)
         finally:
             await registry.close()
 
@@ -248,7 +265,18 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("worker_id", metavar="WORKER", help="the worker's id in discovery (litellm-disagg workers)")
     dr.add_argument("--timeout", type=float, default=180.0,
                     help="seconds to wait for the worker to leave discovery (180; its own --drain-timeout is 120)")
+    dr.add_argument("--park", action="store_true",
+                    help="after the drain, stop the worker's engine and keep its process until SIGTERM instead of "
+                         "exiting (Kubernetes: the Deployment does not start it again, its readiness fails, and a "
+                         "scale-down by one removes it first)")
     add_registry_args(dr)
+
+    dh = sub.add_parser("drain-hook", help="the planner's hook_command: request the drain of the worker it names "
+                                           "($LITELLM_DISAGG_DRAIN_WORKER), without waiting")
+    dh.add_argument("desired", nargs="*", metavar="MODEL PREFILL DECODE BOTH",
+                    help="the desired sizes the planner appends (ignored: the worker to remove is in the environment)")
+    dh.add_argument("--park", action="store_true", help="the worker parks after its drain (see drain --park)")
+    add_registry_args(dh)
 
     from litellm_disagg.planner.cli import add_planner_parser, add_profile_parser
 
@@ -285,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run_role(args)
     if args.command == "drain":
         return _run_drain(args)
+    if args.command == "drain-hook":
+        return _run_drain_hook(args)
     if args.command == "planner":
         from litellm_disagg.planner.cli import run_planner
 

@@ -150,7 +150,7 @@ def test_each_component_gets_only_its_own_secrets():
 def test_the_network_policy_lets_only_the_proxy_and_other_workers_reach_a_worker():
     [policy] = _k8s("network-policy.yaml")
     assert policy["kind"] == "NetworkPolicy" and policy["spec"]["policyTypes"] == ["Ingress"]
-    workers = {"key": "role", "operator": "In", "values": ["prefill", "decode"]}
+    workers = {"key": "role", "operator": "In", "values": ["prefill", "decode", "switchable"]}
     assert workers in policy["spec"]["podSelector"]["matchExpressions"]
     by_port: dict[int, list[dict]] = {}
     for rule in policy["spec"]["ingress"]:
@@ -161,3 +161,52 @@ def test_the_network_policy_lets_only_the_proxy_and_other_workers_reach_a_worker
     assert by_port[http] == [{"podSelector": {"matchLabels": {"app": "litellm-disagg", "role": "proxy"}}}]
     assert by_port[5600] == [{"podSelector": {"matchExpressions": [
         {"key": "app", "operator": "In", "values": ["litellm-disagg"]}, workers]}}]
+
+
+def test_planner_managed_workers_scale_on_the_planners_sizes_and_park_before_the_replicaset_removes_them():
+    """deploy/k8s/planner/: switchable workers, KEDA on the desired sizes, the hook that parks the named worker."""
+    from litellm_disagg.observability import metrics
+    from litellm_disagg.planner.lock import CONSUL_LOCK_KEY
+    from litellm_disagg.planner.settings import PlannerSettings
+
+    [deployment] = _k8s("planner/switchable-workers-deployment.yaml")
+    pod = deployment["spec"]["template"]
+    assert pod["metadata"]["labels"] == deployment["spec"]["selector"]["matchLabels"] == {
+        "app": "litellm-disagg", "role": "switchable"}
+    [container] = pod["spec"]["containers"]
+    worker = parse_worker(container["args"][1:])
+    assert worker.switchable and worker.registry == "consul" and worker.kv_events_port is not None
+    # parked = vLLM stopped = /health on the engine's port fails = not ready; nothing may restart it for that
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": int(worker.port)}
+    assert "livenessProbe" not in container
+    assert pod["spec"]["terminationGracePeriodSeconds"] >= worker.drain_timeout + 30
+    assert {name for name, _ in _secret_refs(deployment)} == {"litellm-disagg-worker", "litellm-disagg-worker-api-key"}
+
+    [scaled] = _k8s("planner/keda-scaledobject.yaml")
+    assert scaled["kind"] == "ScaledObject" and scaled["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+    [trigger] = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"]["threshold"] == "1"  # replicas = the planner's total
+    query = trigger["metadata"]["query"]
+    assert metrics.PLANNER_DESIRED_WORKERS._name in query and f"{metrics.PLANNER_LEADER._name} == 1" in query
+    assert f'model="{worker.served_model_name}"' in query
+    scale_down = scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
+    assert scale_down["stabilizationWindowSeconds"] > worker.drain_timeout  # the parked drain finishes first
+
+    section = yaml.safe_load((ROOT / "deploy/k8s/planner/proxy-planner-section.yaml").read_text())
+    planner = PlannerSettings.model_validate(section["planner"])
+    assert planner.enabled and scaled["spec"]["minReplicaCount"] == planner.min_prefill_workers + planner.min_decode_workers
+    assert planner.hook_command is not None and planner.hook_command[0] == "litellm-disagg"
+    hook = cli.build_parser().parse_args([*planner.hook_command[1:], "llama-3.1-8b", "1", "2", "0"])  # as the hook runs it
+    assert hook.command == "drain-hook" and hook.park and hook.registry == "consul"
+    # the merged config still validates as the proxies' section
+    configmap = yaml.safe_load((ROOT / "deploy/k8s/proxy-config.yaml").read_text())
+    merged = yaml.safe_load(configmap["data"]["proxy_config.yaml"])
+    merged["litellm_disagg"]["planner"] = section["planner"]
+    assert DisaggSettings.from_proxy_config(merged).planner == planner
+
+    policy = (ROOT / "deploy/consul/planner-policy.hcl").read_text()
+    role_prefix = ConsulRegistrySettings().role_kv_prefix
+    assert re.search(rf'key_prefix "{re.escape(role_prefix)}/" {{\s*policy = "write"', policy)
+    assert re.search(rf'key "{re.escape(CONSUL_LOCK_KEY)}" {{\s*policy = "write"', policy)
+    assert re.search(r'session_prefix "" {\s*policy = "write"', policy)

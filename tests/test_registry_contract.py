@@ -23,7 +23,7 @@ from litellm_disagg.discovery.consul.registry import ConsulRegistry
 from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.discovery.registry import Registry, RegistryError
-from litellm_disagg.discovery.roles import RoleNotServable, RoleRequest, UnknownWorker
+from litellm_disagg.discovery.roles import AfterDrain, RoleNotServable, RoleRequest, UnknownWorker
 from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState
 
 from .consul_double import ConsulDouble
@@ -363,6 +363,10 @@ async def test_drain_request_reaches_the_worker_with_its_own_role(backend: Harne
         got = await requests.until(lambda r: r is not None)
         # the published role, so that a worker that predates ``drain`` reads a request for the role it has
         assert got is not None and got.drain and got.role is WorkerRole.PREFILL and got.worker_id == "w-fixed"
+        assert got.after_drain is AfterDrain.EXIT
+        await operator.request_drain("w-fixed", then=AfterDrain.PARK)  # drain --park: the same request, parking
+        got = await requests.until(lambda r: r is not None and r.after_drain is AfterDrain.PARK)
+        assert got is not None and got.drain and got.role is WorkerRole.PREFILL
     finally:
         await requests.stop()
     with pytest.raises(UnknownWorker, match="no-such-worker"):

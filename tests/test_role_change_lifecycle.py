@@ -8,11 +8,12 @@ import logging
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from litellm_disagg.cli import main
 from litellm_disagg.discovery.file.registry import FileRegistry
-from litellm_disagg.discovery.roles import RoleNotServable, RoleRequest
+from litellm_disagg.discovery.roles import AfterDrain, RoleNotServable, RoleRequest
 from litellm_disagg.engines import get_engine
 from litellm_disagg.engines.base import LaunchSpec
 from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, WorkerRole, WorkerState
@@ -136,15 +137,16 @@ async def test_a_drain_request_calls_the_workers_drain_once_and_ends_role_change
     worker_side, operator = registry(tmp_path), registry(tmp_path)
     hook, asked = Hook(), []
     lifecycle = WorkerLifecycle(worker_side, config(), idle, heartbeat_interval_s=0.1, on_role_change=hook,
-                                on_drain_request=lambda: asked.append(True))
+                                on_drain_request=asked.append)
     await lifecycle.announce()
     try:
         await operator.request_drain("w1")
-        await eventually(lambda: asked == [True], timeout_s=5)
+        await eventually(lambda: asked == [AfterDrain.EXIT], timeout_s=5)
         assert lifecycle.drain_requested and lifecycle.config.state is WorkerState.READY  # the worker drains itself
         await operator.request_role("w1", WorkerRole.DECODE)
         await asyncio.sleep(0.2)  # ten polls: a worker still following would have acted
-        assert hook.calls == [] and asked == [True] and await published_role(operator, "w1") is WorkerRole.PREFILL
+        assert hook.calls == [] and asked == [AfterDrain.EXIT]
+        assert await published_role(operator, "w1") is WorkerRole.PREFILL
     finally:
         await lifecycle.leave()
     assert not (tmp_path / "w1.role.json").exists()  # withdraw deletes the request: a restart under w1 serves
@@ -215,6 +217,30 @@ async def test_the_vllm_wrapper_drains_leaves_and_exits_zero_on_a_drain_request(
             wrapper.request_stop()
             await asyncio.wait_for(run, 30)
     assert await operator.snapshot() == [] and not (tmp_path / "w1.role.json").exists()
+
+
+async def test_the_vllm_wrapper_parks_on_a_drain_request_with_park_and_exits_zero_on_sigterm(tmp_path: Path) -> None:
+    """``litellm-disagg drain --park``: the same drain and withdraw, then the engine stopped (its port closed, so a
+    readiness probe fails) while the wrapper stays up, out of discovery; SIGTERM then ends it with 0 at once."""
+    spec, wrapper = fake_wrapper(tmp_path, WorkerRole.PREFILL)
+    operator = registry(tmp_path)
+    run = asyncio.create_task(wrapper.run())
+    try:
+        await eventually(lambda: wrapper.registration is not None and wrapper.registration.heartbeating, timeout_s=30)
+        await operator.request_drain("w1", then=AfterDrain.PARK)
+        await eventually(lambda: wrapper._proc is not None and wrapper._proc.returncode is not None, timeout_s=60)
+        assert await operator.snapshot() == [] and not (tmp_path / "w1.role.json").exists()
+        async with httpx.AsyncClient() as client:
+            with pytest.raises(httpx.ConnectError):
+                await client.get(f"http://127.0.0.1:{spec.port}/health")
+        await asyncio.sleep(0.5)  # parked: still running, and not back in discovery
+        assert not run.done() and await operator.snapshot() == []
+        wrapper.request_stop()  # SIGTERM's handler
+        assert await asyncio.wait_for(run, 10) == 0
+    finally:
+        if not run.done():
+            wrapper.request_stop()
+            await asyncio.wait_for(run, 30)
 
 
 def test_switchable_is_refused_for_engines_that_cannot_switch(capsys: pytest.CaptureFixture[str]) -> None:

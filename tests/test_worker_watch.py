@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 
 from litellm_disagg.discovery.drain_command import drain_worker
 from litellm_disagg.discovery.role_command import change_role
+from litellm_disagg.discovery.roles import AfterDrain
 from litellm_disagg.discovery.worker_watch import watch_worker
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
 
@@ -33,8 +34,8 @@ class FrozenWatchRegistry:
     async def snapshot(self) -> list[RuntimeConfig]:
         return self.current if self.watch_yielded else self.watched
 
-    async def request_drain(self, worker_id: str) -> None:
-        self.requests.append((worker_id, "drain"))
+    async def request_drain(self, worker_id: str, *, then: AfterDrain = AfterDrain.EXIT) -> None:
+        self.requests.append((worker_id, then))
 
     async def request_role(self, worker_id: str, role: WorkerRole) -> None:
         self.requests.append((worker_id, role))

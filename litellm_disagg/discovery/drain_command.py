@@ -9,24 +9,29 @@ worker left discovery, 1 it had not left within ``--timeout`` (the request stays
 2 refused (unknown worker, discovery unreachable).
 
 What runs the worker decides what happens next: ``litellm-disagg up`` and a systemd unit with ``Restart=on-failure``
-leave a drained worker stopped (it exits 0); a Kubernetes Deployment starts its pod again. There, scale the
-Deployment down instead (the pod gets SIGTERM and drains the same way; docs/planner.md, "Beyond one machine").
+leave a drained worker stopped (it exits 0); a Kubernetes Deployment would start its pod again, so there use
+``--park``: the worker stops its engine and stays up, not ready, until SIGTERM, and the Deployment's next scale-down
+removes it first (a ReplicaSet deletes not-ready pods before ready ones; docs/planner.md, "Beyond one machine").
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TextIO
 
 from litellm_disagg.discovery.registry import Registry, RegistryError
-from litellm_disagg.discovery.roles import UnknownWorker
+from litellm_disagg.discovery.roles import AfterDrain, UnknownWorker
 from litellm_disagg.discovery.worker_watch import watch_worker
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerState
 
 
-async def drain_worker(registry: Registry, worker_id: str, *, timeout_s: float, out: TextIO, err: TextIO) -> int:
+async def drain_worker(
+    registry: Registry, worker_id: str, *, timeout_s: float, out: TextIO, err: TextIO,
+    then: AfterDrain = AfterDrain.EXIT,
+) -> int:
     try:
-        await registry.request_drain(worker_id)
+        await registry.request_drain(worker_id, then=then)
     except UnknownWorker as exc:
         print(f"litellm-disagg drain: refused: {exc}", file=err)
         return 2
@@ -34,7 +39,9 @@ async def drain_worker(registry: Registry, worker_id: str, *, timeout_s: float, 
         print(f"litellm-disagg drain: discovery failed: {exc}", file=err)
         return 2
     started = time.monotonic()
-    print(f"{worker_id}: drain requested; waiting for it to finish its work and leave discovery", file=out, flush=True)
+    parks = " (it parks after)" if then is AfterDrain.PARK else ""
+    print(f"{worker_id}: drain requested{parks}; waiting for it to finish its work and leave discovery", file=out,
+          flush=True)
     draining_seen = False
 
     def progress(entry: RuntimeConfig | None) -> None:
@@ -58,3 +65,31 @@ async def drain_worker(registry: Registry, worker_id: str, *, timeout_s: float, 
     print(f"litellm-disagg drain: {worker_id} still listed ({state}) after {timeout_s:g} s; the request stays in "
           "discovery (see the worker's log: a worker that takes no drain request logs a refusal)", file=err)
     return 1
+
+
+DRAIN_WORKER_ENV = "LITELLM_DISAGG_DRAIN_WORKER"
+"""Set by the planner in its hook's environment when the pools shrink (``planner/hook.py``)."""
+
+
+async def drain_named_worker(
+    registry: Registry, environ: Mapping[str, str], *, then: AfterDrain, out: TextIO, err: TextIO
+) -> int:
+    """``litellm-disagg drain-hook``, the planner's ``hook_command``: request the drain of the worker the planner
+    names in ``LITELLM_DISAGG_DRAIN_WORKER`` and return at once (the drain takes longer than a hook may run; the
+    request stays in discovery and the worker carries it out). Nothing named: nothing to do, 0. Exit codes: 0 asked
+    (or nothing to ask), 2 refused (the worker already left discovery, discovery unreachable)."""
+    worker_id = environ.get(DRAIN_WORKER_ENV, "").strip()
+    if not worker_id:
+        print("litellm-disagg drain-hook: the planner names no worker to remove; nothing to drain", file=out)
+        return 0
+    try:
+        await registry.request_drain(worker_id, then=then)
+    except UnknownWorker as exc:
+        print(f"litellm-disagg drain-hook: refused: {exc}", file=err)
+        return 2
+    except RegistryError as exc:
+        print(f"litellm-disagg drain-hook: discovery failed: {exc}", file=err)
+        return 2
+    parks = ", then park until SIGTERM" if then is AfterDrain.PARK else ", then exit"
+    print(f"{worker_id}: drain requested{parks} (the planner's choice)", file=out)
+    return 0

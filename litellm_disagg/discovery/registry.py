@@ -12,8 +12,9 @@ Contract, shared by every backend (and checked by one contract test suite run ag
 - ``request_role(worker_id, role)`` asks a live worker to change pool (``discovery/roles.py``): it stores the request
   and returns; it raises ``UnknownWorker`` when no live entry has that id and ``RoleNotServable`` when the entry's
   launch cannot serve the role. The worker, not this call, changes the published role.
-- ``request_drain(worker_id)`` asks a live worker to drain and leave, as on SIGTERM: the same stored document with
-  ``drain`` set and the worker's published role; ``UnknownWorker`` as above. The worker drains, not this call.
+- ``request_drain(worker_id, then=...)`` asks a live worker to drain and leave, as on SIGTERM, then exit or park
+  (``roles.AfterDrain``): the same stored document with ``drain`` set and the worker's published role;
+  ``UnknownWorker`` as above. The worker drains, not this call.
 - ``role_requests(worker_id)`` (the worker's side) yields the worker's current ``RoleRequest`` (or ``None``) at once
   and then after every change, until the registry is closed; an invalid stored request reads as ``None`` (logged
   once). ``withdraw`` also deletes the worker's request.
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
 
 if TYPE_CHECKING:
-    from litellm_disagg.discovery.roles import RoleRequest
+    from litellm_disagg.discovery.roles import AfterDrain, RoleRequest
 
 
 class RegistryError(Exception):
@@ -48,7 +49,7 @@ class Registry(Protocol):
 
     async def request_role(self, worker_id: str, role: WorkerRole) -> None: ...
 
-    async def request_drain(self, worker_id: str) -> None: ...
+    async def request_drain(self, worker_id: str, *, then: AfterDrain = ...) -> None: ...
 
     def role_requests(self, worker_id: str) -> AsyncIterator[RoleRequest | None]: ...
 

@@ -4,7 +4,9 @@ A role request is one small document per worker in the registry's store, next to
 the planner or ``litellm-disagg role`` writes it with ``Registry.request_role``, the worker follows it with
 ``Registry.role_requests`` and answers by publishing its ``RuntimeConfig`` with the new role. ``litellm-disagg
 drain`` writes the same document with ``drain`` set (``Registry.request_drain``): the worker drains and leaves, as on
-SIGTERM, and its withdraw deletes the request (a worker started again under that id does not drain at once). Routers read only the
+SIGTERM, and its withdraw deletes the request (a worker started again under that id does not drain at once); with
+``after_drain: park`` (``litellm-disagg drain --park``) it then stops its engine and waits for SIGTERM instead of
+exiting, so whatever restarts exited workers (a Kubernetes Deployment) does not start it again. Routers read only the
 published role: a request is a wish the worker may refuse (its launch cannot serve the role, it is draining), the
 published role is what the worker now serves.
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from enum import StrEnum
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,6 +40,18 @@ class RoleNotServable(RegistryError):
     """A role request the worker's launch cannot serve (it was not started ``--switchable``)."""
 
 
+class AfterDrain(StrEnum):
+    """What a worker does once a drain request's drain is over and it has left discovery."""
+
+    EXIT = "exit"
+    """Stop the engine and exit 0, as on SIGTERM (``litellm-disagg up`` and systemd's ``Restart=on-failure`` leave it
+    stopped)."""
+    PARK = "park"
+    """Stop the engine (its accelerator memory freed, its HTTP port closed, so a readiness probe fails) and keep the
+    process alive until SIGTERM, then exit 0 at once. For a Kubernetes Deployment, which would start an exited pod
+    again: scaled down by one, its ReplicaSet deletes a not-ready pod before any ready one."""
+
+
 class RoleRequest(BaseModel):
     """One worker's requested role, as stored. Strict: a store anyone can write is read as untrusted."""
 
@@ -49,6 +64,8 @@ class RoleRequest(BaseModel):
     drain: bool = False
     """Drain and leave, as on SIGTERM (``litellm-disagg drain``; ``role`` is then the worker's own, so a worker from
     before this field reads a request for the role it has, and does nothing)."""
+    after_drain: Annotated[AfterDrain, json_enum(AfterDrain)] = AfterDrain.EXIT
+    """With ``drain``: exit, or park until SIGTERM (a worker from before this field exits)."""
 
     def encode(self) -> bytes:
         return self.model_dump_json().encode()
@@ -65,11 +82,12 @@ def decode_request(raw: bytes, worker_id: str) -> RoleRequest:
     return request
 
 
-def drain_request(live: Iterable[RuntimeConfig], worker_id: str) -> RoleRequest:
-    """The request that asks a live worker to drain and leave (its published role kept); raises ``UnknownWorker``."""
+def drain_request(live: Iterable[RuntimeConfig], worker_id: str, then: AfterDrain = AfterDrain.EXIT) -> RoleRequest:
+    """The request that asks a live worker to drain and leave (its published role kept), then exit or park; raises
+    ``UnknownWorker``."""
     for config in live:
         if config.worker_id == worker_id:
-            return RoleRequest(worker_id=worker_id, role=config.role, drain=True)
+            return RoleRequest(worker_id=worker_id, role=config.role, drain=True, after_drain=AfterDrain(then))
     raise UnknownWorker(f"no live worker {worker_id!r} in discovery")
 
 

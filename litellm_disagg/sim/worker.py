@@ -28,6 +28,7 @@ from enum import StrEnum
 import uvicorn
 
 from litellm_disagg.discovery.registry import Registry
+from litellm_disagg.discovery.roles import AfterDrain
 from litellm_disagg.runtime_config import (
     RuntimeConfig,
     SglangBootstrapTransfer,
@@ -197,8 +198,9 @@ class SimWorker:
         if self._lifecycle is not None:
             self.config = self._lifecycle.config
 
-    def _drain_requested(self) -> None:
-        """``litellm-disagg drain``: drain and stop, in the background (the lifecycle's call returns at once)."""
+    def _drain_requested(self, then: AfterDrain) -> None:
+        """``litellm-disagg drain``: drain and stop, in the background (the lifecycle's call returns at once). Exit
+        and park are the same here: the worker stops serving and its process (which hosts the others) goes on."""
         self._drain_task = asyncio.create_task(self.drain(), name=f"sim-drain-{self.worker_id}")
 
     async def drain(self, *, timeout_s: float = 30.0, settle_s: float = 0.0) -> bool:

@@ -25,7 +25,8 @@ hook runs (the simulator switches its engine; vLLM launched ``kv_both`` needs no
 in flight simply finishes: the engine serves both kinds at once, and a prefill's KV held for a decode stays until the
 decode pulls it (or the engine's abort timeout releases it). A request the launch cannot serve, or one that arrives
 while draining, is refused and logged; the worker keeps its role. A drain request (``litellm-disagg drain``) calls the
-worker's ``on_drain_request``, once: the worker then drains and leaves as on SIGTERM.
+worker's ``on_drain_request``, once: the worker then drains and leaves as on SIGTERM, and exits or parks (its engine
+stopped, the process waiting for SIGTERM) as the request says.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from enum import StrEnum
 from typing import Protocol, runtime_checkable
 
 from litellm_disagg.discovery.registry import RegistryError
-from litellm_disagg.discovery.roles import RoleRequest
+from litellm_disagg.discovery.roles import AfterDrain, RoleRequest
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
 
 logger = logging.getLogger(__name__)
@@ -67,9 +68,10 @@ class RoleRequestSource(Protocol):
 RoleChangeHook = Callable[[WorkerRole, WorkerRole], Awaitable[None]]
 """Called with (old role, new role) right after the new role is published."""
 
-DrainRequestHook = Callable[[], None]
-"""Called once when a drain request arrives (``litellm-disagg drain``): the worker starts its own way out, as on
-SIGTERM (``drain()`` then ``leave()``), outside the call: the call returns at once."""
+DrainRequestHook = Callable[[AfterDrain], None]
+"""Called once when a drain request arrives (``litellm-disagg drain``), with what to do after it (exit, or park until
+SIGTERM): the worker starts its own way out, as on SIGTERM (``drain()`` then ``leave()``), outside the call: the call
+returns at once."""
 
 
 class RoleChangeRefused(Exception):
@@ -262,7 +264,7 @@ class WorkerLifecycle:
             try:
                 async for request in source.role_requests(self.worker_id):
                     if request is not None and request.drain:
-                        if self._drain_requested():
+                        if self._drain_requested(request.after_drain):
                             return  # the worker's drain stops this task; no role changes while it drains
                         continue
                     if request is None or request.role is self.config.role:
@@ -281,15 +283,15 @@ class WorkerLifecycle:
                 logger.warning("worker %s: following role requests failed (will retry): %s", self.worker_id, exc)
             await asyncio.sleep(self.role_retry_s)
 
-    def _drain_requested(self) -> bool:
+    def _drain_requested(self, then: AfterDrain) -> bool:
         """A drain request: hand it to the worker (True), or refuse it when the worker takes none (False)."""
         if self.on_drain_request is None:
             logger.warning("worker %s: drain request refused: this worker drains on SIGTERM only", self.worker_id)
             return False
         if not self.drain_requested:
             self.drain_requested = True
-            logger.info("worker %s: drain requested through discovery", self.worker_id)
-            self.on_drain_request()
+            logger.info("worker %s: drain requested through discovery (then %s)", self.worker_id, then.value)
+            self.on_drain_request(then)
         return True
 
     async def _heartbeats(self) -> None:

@@ -32,6 +32,7 @@ from typing import TextIO
 import httpx
 
 from litellm_disagg.discovery.registry import Registry
+from litellm_disagg.discovery.roles import AfterDrain
 from litellm_disagg.engines.base import Engine, EngineLaunch, LaunchSpec
 from litellm_disagg.ports import free_port  # noqa: F401 - re-exported: older imports take it from here
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
@@ -127,6 +128,9 @@ class WorkerWrapper:
         self.server_url = f"http://{spec.host}:{spec.port}"
         self._tail: collections.deque[str] = collections.deque(maxlen=lifecycle.log_tail_lines)
         self._stop = asyncio.Event()
+        """Drain and leave (SIGTERM, SIGINT, a drain request)."""
+        self._terminate = asyncio.Event()
+        """Exit once out of discovery (SIGTERM, SIGINT, a drain request that does not park)."""
         self._proc: asyncio.subprocess.Process | None = None
         self._pump: asyncio.Task[None] | None = None
         self._serving_since: float | None = None
@@ -138,7 +142,17 @@ class WorkerWrapper:
         """Set when the engine said, while starting, that it could not bind a port (``workers.bind_failure``)."""
 
     def request_stop(self) -> None:
+        """Drain, leave discovery, stop the engine and exit (SIGTERM, SIGINT)."""
         self._stop.set()
+        self._terminate.set()
+
+    def _drain_requested(self, then: AfterDrain) -> None:
+        """A drain request through discovery: as SIGTERM, or (``park``) the same drain, then the engine stopped and
+        the process waiting for SIGTERM."""
+        if then is AfterDrain.PARK:
+            self._stop.set()
+        else:
+            self.request_stop()
 
     async def run(self) -> int:
         """Run until vLLM dies (non-zero) or a stop is requested and the drain completes (zero)."""
@@ -231,7 +245,7 @@ class WorkerWrapper:
             functools.partial(self._activity, client),
             heartbeat_interval_s=self.lifecycle.heartbeat_interval_s,
             drain=self.lifecycle.drain_policy(),
-            on_drain_request=self.request_stop,
+            on_drain_request=self._drain_requested,
         )
         await self.registration.announce()
         logger.info("worker %s ready at %s (%d KV blocks of %d tokens)", self.config.worker_id, self.config.base_url,
@@ -242,7 +256,19 @@ class WorkerWrapper:
             return self._died("vLLM exited")
         await self.registration.drain()
         await self.registration.leave()
+        if not self._terminate.is_set():
+            await self._park()
         return 0
+
+    async def _park(self) -> None:
+        """Out of discovery after a drain request with ``park``: stop the engine (its memory freed, its port closed,
+        so a readiness probe fails) and wait for SIGTERM."""
+        await self._stop_vllm()
+        assert self.config is not None
+        logger.info("worker %s parked: drained, out of discovery, %s stopped; exits on SIGTERM",
+                    self.config.worker_id, self.engine.name)
+        self._say(f"PARKED {self.config.worker_id}")
+        await self._terminate.wait()
 
     async def _stop_requested_before_exit(self) -> bool:
         """Wait for a stop request (True) or for vLLM to exit (False), whichever comes first."""

@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from litellm_disagg.discovery.file.registry import FileRegistry
+from litellm_disagg.planner.hook import DesiredHook, HookCall
+from litellm_disagg.planner.policy import DesiredPools
 from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.sim import SimCluster
 from litellm_disagg.sim.worker import SimWorkerState
@@ -193,8 +195,33 @@ async def test_drain_command_takes_a_worker_out_of_discovery_and_refuses_an_unkn
         finally:
             await reader.close()
 
+        code, out, err = await drain_command(registry_dir, "w-staying", "--park")  # a simulated worker parks
+        assert code == 0, err                                                     # as it exits: it stops serving
+        assert "w-staying: drain requested (it parks after)" in out and "left discovery" in out
+        await eventually(lambda: staying.state is SimWorkerState.STOPPED, timeout_s=30)
+
         code, _, err = await drain_command(registry_dir, "no-such-worker")
         assert code == 2 and "no live worker 'no-such-worker'" in err
+
+
+async def test_the_planners_hook_drains_the_worker_it_names_with_drain_hook(tmp_path, caplog):
+    """``hook_command: [litellm-disagg, drain-hook, --park, ...]``: run by the planner's hook runner with the desired
+    sizes appended, it requests the drain of ``LITELLM_DISAGG_DRAIN_WORKER`` and returns; without one it does
+    nothing."""
+    registry_dir = tmp_path / "registry"
+    hook = DesiredHook([sys.executable, "-m", "litellm_disagg.cli", "drain-hook", "--park",
+                        "--registry-dir", str(registry_dir)], timeout_s=60)
+    async with SimCluster(registry=FileRegistry(registry_dir, poll_interval_s=0.05), settings=fast_settings(),
+                          heartbeat_interval_s=0.2, name="sim-drain-hook") as cluster:
+        named = await cluster.add(WorkerRole.DECODE, worker_id="w-named")
+        other = await cluster.add(WorkerRole.DECODE, worker_id="w-other")
+        caplog.set_level("INFO", logger="litellm_disagg.planner.hook")
+        assert await hook.run(HookCall(DesiredPools("sim-model", 0, 2, 0))) == 0  # grows: nobody named
+        assert await hook.run(HookCall(DesiredPools("sim-model", 0, 1, 0), drain="w-named")) == 0
+        assert "w-named: drain requested, then park until SIGTERM" in caplog.text
+        await eventually(lambda: named.state is SimWorkerState.STOPPED, timeout_s=30)
+        assert other.state is SimWorkerState.READY
+        assert await hook.run(HookCall(DesiredPools("sim-model", 0, 0, 0), drain="w-gone")) == 2  # refused, logged
 
 
 @pytest.mark.parametrize("engine_name", ["sglang", "trtllm"])

@@ -58,7 +58,7 @@ from litellm_disagg.discovery.consul.reader import ConsulReader
 from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.discovery.consul.watch import ConsulWatch
 from litellm_disagg.discovery.registry import RegistryError
-from litellm_disagg.discovery.roles import RoleRequest, check_request, drain_request
+from litellm_disagg.discovery.roles import AfterDrain, RoleRequest, check_request, drain_request
 from litellm_disagg.discovery.status import DiscoveryStatus
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
 
@@ -169,8 +169,8 @@ class ConsulRegistry:
         check_request(await self.snapshot(), worker_id, role)
         await roles.write(self._http, self.settings, RoleRequest(worker_id=worker_id, role=role))
 
-    async def request_drain(self, worker_id: str) -> None:
-        await roles.write(self._http, self.settings, drain_request(await self.snapshot(), worker_id))
+    async def request_drain(self, worker_id: str, *, then: AfterDrain = AfterDrain.EXIT) -> None:
+        await roles.write(self._http, self.settings, drain_request(await self.snapshot(), worker_id, then))
 
     async def role_requests(self, worker_id: str) -> AsyncIterator[RoleRequest | None]:
         if self._closed:

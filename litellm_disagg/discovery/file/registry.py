@@ -35,6 +35,7 @@ from litellm_disagg.discovery.file.settings import FileRegistrySettings
 from litellm_disagg.discovery.registry import RegistryError
 from litellm_disagg.discovery.roles import (
     MAX_REQUEST_BYTES,
+    AfterDrain,
     RoleRequest,
     check_request,
     decode_request,
@@ -106,8 +107,8 @@ class FileRegistry:
         request = RoleRequest(worker_id=worker_id, role=role)
         await self._in_thread(self._write_atomic, self._role_path(worker_id), request.encode())
 
-    async def request_drain(self, worker_id: str) -> None:
-        request = drain_request(await self.snapshot(), worker_id)
+    async def request_drain(self, worker_id: str, *, then: AfterDrain = AfterDrain.EXIT) -> None:
+        request = drain_request(await self.snapshot(), worker_id, then)
         await self._in_thread(self._write_atomic, self._role_path(worker_id), request.encode())
 
     async def role_requests(self, worker_id: str) -> AsyncIterator[RoleRequest | None]:
