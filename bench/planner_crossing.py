@@ -54,7 +54,7 @@ from bench.serving.workloads import Schedule, Session, Turn
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.planner.mixing import EngineProfile, aggregated_estimate
 from litellm_disagg.planner.profiler import ProfileTarget, Words, tokens_per_word
-from litellm_disagg.processes import spawn, stop, wait_until
+from litellm_disagg.processes import interrupt_on_sigterm, spawn, stop, wait_until
 from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.workers.wrapper import free_port
 
@@ -468,6 +468,7 @@ def main() -> None:
         plot(series, Path(args.png))
         return
     args.given_profile = EngineProfile.model_validate_json(Path(args.profile).read_text()) if args.profile else None
+    interrupt_on_sigterm()  # a killed run still stops its workers (the finally blocks)
     asyncio.run(main_async(args))
 
 

@@ -42,7 +42,7 @@ import yaml
 from bench.serving import proxy as proxy_mod
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.engines.prom_text import samples
-from litellm_disagg.processes import spawn, stop, wait_until
+from litellm_disagg.processes import interrupt_on_sigterm, spawn, stop, wait_until
 from litellm_disagg.runtime_config import WorkerRole
 from litellm_disagg.workers.wrapper import free_port
 
@@ -259,6 +259,7 @@ def main() -> None:
                              "picker rather than the flip")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
+    interrupt_on_sigterm()  # a killed run still stops its workers (the finally blocks)
     results = asyncio.run(main_async(args))
     print("\n| measurement | runs | min | median | max |\n|---|---|---|---|---|")
     for name, values in results.items():

@@ -12,6 +12,13 @@ from pathlib import Path
 from typing import IO
 
 
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM raise ``KeyboardInterrupt`` in the main thread, as Ctrl-C does, so a benchmark or harness that is
+    killed runs its ``finally`` blocks and stops the process groups it spawned (``spawn`` starts each in its own
+    session, so they outlive a parent that dies on the default SIGTERM)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+
+
 def spawn(argv: list[str], *, env: dict[str, str] | None = None, log: Path | None = None, cwd: str | None = None) -> subprocess.Popen[bytes]:
     out: IO[bytes] | int = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 (kept by the child)
     try:

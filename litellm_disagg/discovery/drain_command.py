@@ -30,13 +30,7 @@ async def drain_worker(
     registry: Registry, worker_id: str, *, timeout_s: float, out: TextIO, err: TextIO,
     then: AfterDrain = AfterDrain.EXIT,
 ) -> int:
-    try:
-        await registry.request_drain(worker_id, then=then)
-    except UnknownWorker as exc:
-        print(f"litellm-disagg drain: refused: {exc}", file=err)
-        return 2
-    except RegistryError as exc:
-        print(f"litellm-disagg drain: discovery failed: {exc}", file=err)
+    if not await _request(registry, worker_id, then, command="drain", err=err):
         return 2
     started = time.monotonic()
     parks = " (it parks after)" if then is AfterDrain.PARK else ""
@@ -82,14 +76,21 @@ async def drain_named_worker(
     if not worker_id:
         print("litellm-disagg drain-hook: the planner names no worker to remove; nothing to drain", file=out)
         return 0
-    try:
-        await registry.request_drain(worker_id, then=then)
-    except UnknownWorker as exc:
-        print(f"litellm-disagg drain-hook: refused: {exc}", file=err)
-        return 2
-    except RegistryError as exc:
-        print(f"litellm-disagg drain-hook: discovery failed: {exc}", file=err)
+    if not await _request(registry, worker_id, then, command="drain-hook", err=err):
         return 2
     parks = ", then park until SIGTERM" if then is AfterDrain.PARK else ", then exit"
     print(f"{worker_id}: drain requested{parks} (the planner's choice)", file=out)
     return 0
+
+
+async def _request(registry: Registry, worker_id: str, then: AfterDrain, *, command: str, err: TextIO) -> bool:
+    """Write the drain request; False (said on ``err``) when refused or discovery failed."""
+    try:
+        await registry.request_drain(worker_id, then=then)
+    except UnknownWorker as exc:
+        print(f"litellm-disagg {command}: refused: {exc}", file=err)
+        return False
+    except RegistryError as exc:
+        print(f"litellm-disagg {command}: discovery failed: {exc}", file=err)
+        return False
+    return True
