@@ -390,6 +390,24 @@ def test_a_split_with_prompts_arriving_and_no_first_token_yet_is_not_idle() -> N
         planner.step(model, now=5)
         return planner.step(model, now=10).decisions[0].condition
 
+    # a lull between two arrivals (rate zero over the window) while the latency window holds first tokens too few to
+    # measure is no idle side either: on real CPU workers at a request every ~12 s, a decode worker an ITL breach
+    # had moved out of ``both`` went back a step later on that reading, every cooldown (2026-12-06)
+    def sparse(ttft_samples: int, layout_now: list[WorkerSignals]) -> ClusterSignals:
+        return ClusterSignals((ModelSignals(MODEL, tuple(layout_now), LatencyWindow(9000.0, ttft_samples), lat(40),
+                                            lat(None), prompt_tokens_per_s=0.0, output_tokens_per_s=5.0),))
+
+    five = settings(window_s=10, min_samples=5, hysteresis_steps=1)
+    decode_and_both = [w("d0", D), w("b0", B)]
+    for samples, condition in ((2, Condition.STEADY), (0, Condition.DECODE_BOUND)):
+        planner = Planner(five)
+        for t in (0, 5, 10):
+            step = planner.step(sparse(samples, decode_and_both), now=t)
+        decision = step.decisions[0]
+        assert decision.condition is condition, samples
+        assert decision.pressures.prefill_unmeasured is (samples > 0)
+        assert (step.moves == ()) is (samples > 0)  # with none seen: the aggregating decode_bound moves d0 to both
+
     # no prompt arriving, and a prompt rate not measured at all (no KV routing), say nothing in the planner's first
     # window (a rate read over a planner's first seconds was zero under a load on real workers: a lull between two
     # arrivals) and are idle once it has seen a whole one, as before
