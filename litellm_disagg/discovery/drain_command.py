@@ -11,7 +11,8 @@ worker left discovery, 1 it had not left within ``--timeout`` (the request stays
 What runs the worker decides what happens next: ``litellm-disagg up`` and a systemd unit with ``Restart=on-failure``
 leave a drained worker stopped (it exits 0); a Kubernetes Deployment would start its pod again, so there use
 ``--park``: the worker stops its engine and stays up, not ready, until SIGTERM, and the Deployment's next scale-down
-removes it first (a ReplicaSet deletes not-ready pods before ready ones; docs/planner.md, "Beyond one machine").
+removes it first (a ReplicaSet deletes not-ready pods before ready ones; docs/planner.md, "In Kubernetes").
+``litellm-disagg drain-hook`` is the same request for the worker the planner names in its hook's environment.
 """
 
 from __future__ import annotations

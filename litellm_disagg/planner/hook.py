@@ -19,6 +19,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from litellm_disagg.discovery.drain_command import DRAIN_WORKER_ENV
 from litellm_disagg.planner.policy import DesiredPools
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class HookCall:
             "LITELLM_DISAGG_DESIRED_TOTAL": str(d.total),
         }
         if self.drain is not None:
-            env["LITELLM_DISAGG_DRAIN_WORKER"] = self.drain
+            env[DRAIN_WORKER_ENV] = self.drain
         return env
 
 
