@@ -234,8 +234,8 @@ class Pressures:
 
     def prefill_idle(self, settings: PlannerSettings) -> bool:
         """The prefill side is known to be nearly idle: pressure under ``aggregate_below``, and measured (or no
-        prompt arriving and no first token over a whole window). What ``low_load`` and the aggregating ``decode_bound`` ask (moves
-        that rest on an idle prefill side). The guards that protect a busy prefill side (``mixing_costly``, the
+        prompt arriving and no first token over a whole window). What ``low_load`` and the aggregating
+        ``decode_bound`` ask (moves that rest on an idle prefill side). The guards that protect a busy prefill side (``mixing_costly``, the
         KV-driven ``decode_bound``) still read the pressure itself: an unmeasured side is not known to be busy
         either."""
         return self.prefill < settings.aggregate_below and not self.prefill_unmeasured

@@ -155,7 +155,8 @@ class WorkerWrapper:
             self.request_stop()
 
     async def run(self) -> int:
-        """Run until vLLM dies (non-zero) or a stop is requested and the drain completes (zero)."""
+        """Run until vLLM dies (non-zero) or a stop is requested and the drain completes (zero); after a drain
+        request with ``park``, until SIGTERM once parked (zero)."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
