@@ -57,7 +57,7 @@ def test_the_oracle_prefills_remotely_once_per_document_then_locally(tmp_path):
     assert len(parts) == 4
     remote = [b for b in parts if b.prefill_worker is not None]
     assert len(remote) == 1 and remote[0].prefill_worker == pools.prefill[0].worker_id
-    assert set(remote[0].parts_ms) == set(breakdown.PARTS)
+    assert set(remote[0].parts_ms) == set(breakdown.PARTS) - {"frontend"}  # vLLM only
     for b in parts:
         assert b.worker == pools.decode[0].worker_id
         assert sum(b.parts_ms.values()) == pytest.approx(b.ttft_ms, abs=0.01)

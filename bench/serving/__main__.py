@@ -33,7 +33,6 @@ from bench.serving.workers import (
     start_vllm,
     warm_engines,
 )
-from litellm_disagg.sim.request_log import read as read_traces
 
 DEFAULTS = {
     # backend: (workers, requests, rate, prefix words, question words, max tokens, turns, think)
@@ -90,7 +89,8 @@ def start_workers(args: argparse.Namespace, run_dir: Path) -> WorkerSet:
 
         model_dir = str(prepare_smollm2())
     return start_vllm(run_dir, count=args.workers, model_dir=model_dir, served=args.served_model_name,
-                      kv_cache_mib=args.kv_cache_mib, max_model_len=args.max_model_len)
+                      kv_cache_mib=args.kv_cache_mib, max_model_len=args.max_model_len,
+                      engine_traces=args.engine_traces)
 
 
 async def warm_up(base_url: str, key: str, model: str, workers: int) -> None:
@@ -122,7 +122,8 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
         asyncio.run(reset_prefix_caches(workers.workers))
         time.sleep(0.5)  # the AllBlocksCleared events reach the router
         before = asyncio.run(read_counters(workers.workers))
-        offset = workers.request_log.stat().st_size if workers.request_log and workers.request_log.exists() else 0
+        source = workers.traces
+        mark = source.mark()
         samplers = [profiling.start(s.proc.pid, run_dir / f"profile-{label}-{i}.txt")
                     for i, s in enumerate(servers)] if getattr(args, "profile_proxy", False) else []
         cpu_before = sum(s.cpu_seconds() for s in servers)
@@ -148,9 +149,9 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
             server.close()
     row = dataclasses.replace(report.figures(name, results, wall, before, after), proxy_cpu_s=proxy_cpu,
                               workers_cpu_s=workers_cpu, engine_means_ms=engine_time_means_ms(before, after))
-    if workers.request_log is None:
+    if source.request_log is None and source.spans is None:
         return row
-    traces, _ = read_traces(workers.request_log, offset)
+    traces = source.since(mark)
     parts = breakdown.join(results, traces)
     print(breakdown.table(name, parts), flush=True)
     if probing:

@@ -1,21 +1,29 @@
-"""Where each request's time to first token went: the client's timings joined with the simulated workers' request
-traces (``litellm_disagg/sim/request_log.py``, ``--request-log``).
+"""Where each request's time to first token went: the client's timings joined with the workers' request traces
+(simulated workers: ``litellm_disagg/sim/request_log.py``, ``--request-log``; real vLLM workers: their OpenTelemetry
+spans, ``engine_traces.py``).
 
-The load generator names every request in OpenAI's ``user`` field (``<session>#<turn>``); the worker that decoded
-it keeps that name in its trace, and a remote prefill of the same request carries the same ``X-Request-Id`` as its
-decode (the router sends one id to both). From these, per request, on one monotonic clock::
+The load generator names every request in OpenAI's ``user`` field (``<session>#<turn>``); a simulated worker that
+decoded it keeps that name in its trace. vLLM's spans do not carry it: there the request is found by its id, which
+the load generator reads from the stream (``chatcmpl-<id>``) and vLLM's span carries. A remote prefill of the same
+request carries the same ``X-Request-Id`` as its decode (the router sends one id to both). From these, per request,
+on one monotonic clock::
 
-    aggregated (one worker):  TTFT = proxy_in + queue + prefill + proxy_out
-    disaggregated:            TTFT = proxy_in + queue + prefill (on the prefill worker) + handoff
+    aggregated (one worker):  TTFT = proxy_in [+ frontend] + queue + prefill + proxy_out
+    disaggregated:            TTFT = proxy_in [+ frontend] + queue + prefill (on the prefill worker) + handoff
                                      + admit (decode: blocks for the pull) + transfer + decode_first + proxy_out
 
     proxy_in      the client's send to the first worker's arrival: the proxy's work before it calls a worker
                   (LiteLLM, tokenization, the routing decision) and the HTTP hop
+    frontend      vLLM only: its API server's work before the engine queued the request (chat template,
+                  tokenization, the hand-over to the engine core); the simulator's arrival is already past it
     queue         arrival to the first step that computed part of the prompt: the wait behind the worker's queue
     prefill       that step's start to the first token: the prompt's own chunks and whatever shared their steps
     handoff       the prefill's end to the decode worker's arrival: the proxy between the two calls
-    transfer      the decode worker's pull of the prompt's KV
+    admit         the decode worker's arrival to the pull's start (vLLM: its API server and queue before it
+                  scheduled the request)
+    transfer      the decode worker's pull of the prompt's KV (simulator only: vLLM's span does not time it)
     decode_first  the pull's end to the first token: the decode worker's queue and the step that samples it
+                  (vLLM: from the pull's start, the pull and that step together)
     proxy_out     the worker's first token to the client's first content chunk
 
 Pure: no I/O (the caller reads the traces).
@@ -27,11 +35,12 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from bench.serving.engine_traces import client_id_of_response
 from bench.serving.loadgen import RequestResult
 from bench.serving.report import percentile
 from litellm_disagg.sim.request_log import RequestTrace
 
-PARTS = ("proxy_in", "queue", "prefill", "handoff", "admit", "transfer", "decode_first", "proxy_out")
+PARTS = ("proxy_in", "frontend", "queue", "prefill", "handoff", "admit", "transfer", "decode_first", "proxy_out")
 
 
 @dataclass(frozen=True)
@@ -61,26 +70,35 @@ def _ms(a: float | None, b: float | None) -> float:
 
 def join(results: Iterable[RequestResult], traces: Iterable[RequestTrace]) -> list[Breakdown]:
     """One breakdown per successful request found in the traces (a retried request: its last decode)."""
-    decode: dict[str, RequestTrace] = {}
+    by_user: dict[str, RequestTrace] = {}
+    by_id: dict[str, RequestTrace] = {}
     prefill: dict[str, RequestTrace] = {}
     for t in traces:
         if t.role == "prefill":
             prefill[t.client_id] = t
         elif t.user is not None:
-            decode[t.user] = t
+            by_user[t.user] = t
+        else:
+            by_id[t.client_id] = t
     out = []
     for r in results:
-        d = decode.get(r.user)
+        d = by_user.get(r.user) or by_id.get(client_id_of_response(r.response_id))
         if r.error is not None or r.ttft_s is None or d is None:
             continue
         p = prefill.get(d.client_id) if d.external_tokens or d.pull_started is not None else None
         first_chunk = r.sent_at + r.ttft_s
         computing = p if p is not None else d
-        parts = {"proxy_in": _ms(r.sent_at, computing.arrived), "queue": _ms(computing.arrived, computing.scheduled),
-                 "prefill": _ms(computing.scheduled, computing.first_token)}
+        parts = {"proxy_in": _ms(r.sent_at, _reached(computing))}
+        if computing.received is not None:
+            parts["frontend"] = _ms(computing.received, computing.arrived)
+        parts |= {"queue": _ms(computing.arrived, computing.scheduled),
+                  "prefill": _ms(computing.scheduled, computing.first_token)}
         if p is not None:
-            parts |= {"handoff": _ms(p.finished, d.arrived), "admit": _ms(d.arrived, d.pull_started),
-                      "transfer": _ms(d.pull_started, d.pull_ended), "decode_first": _ms(d.pull_ended, d.first_token)}
+            pulled = d.pull_ended if d.pull_ended is not None else d.pull_started
+            parts |= {"handoff": _ms(p.finished, _reached(d)), "admit": _ms(_reached(d), d.pull_started)}
+            if d.pull_ended is not None:
+                parts["transfer"] = _ms(d.pull_started, d.pull_ended)
+            parts["decode_first"] = _ms(pulled, d.first_token)
         parts["proxy_out"] = _ms(d.first_token, first_chunk)
         out.append(Breakdown(
             user=r.user, ttft_ms=r.ttft_s * 1e3, worker=d.worker_id, prefill_worker=p.worker_id if p else None,
@@ -89,6 +107,11 @@ def join(results: Iterable[RequestResult], traces: Iterable[RequestTrace]) -> li
             prefill_tokens_ahead=computing.prefill_tokens_ahead, shared_prefill_tokens=computing.shared_prefill_tokens,
             parts_ms=parts))
     return out
+
+
+def _reached(t: RequestTrace) -> float:
+    """When the request reached the worker: its HTTP server (vLLM's spans), else the engine."""
+    return t.received if t.received is not None else t.arrived
 
 
 def slowest(rows: Sequence[Breakdown], fraction: float = 0.02, at_least: int = 3) -> list[Breakdown]:
@@ -120,7 +143,7 @@ def medians(rows: Sequence[Breakdown]) -> dict[str, float]:
 def table(arm: str, rows: Sequence[Breakdown], fraction: float = 0.02) -> str:
     """The slowest requests of one arm, part by part, and the p50 of each part over all of them."""
     if not rows:
-        return f"{arm}: no request traces (simulated workers with --request-log only)"
+        return f"{arm}: no request traces (simulated workers' request log, or vLLM's spans with --engine-traces)"
     worst = slowest(rows, fraction)
     parts = [p for p in PARTS if any(p in b.parts_ms for b in worst)]
     head = (f"  {'request':12s} {'TTFT':>6s} " + " ".join(f"{p:>12s}" for p in parts)

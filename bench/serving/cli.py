@@ -21,6 +21,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, kv_cache_mib: int) 
     real.add_argument("--served-model-name", default="smollm2")
     real.add_argument("--kv-cache-mib", type=int, default=kv_cache_mib)
     real.add_argument("--max-model-len", type=int, default=4096)
+    real.add_argument("--no-engine-traces", dest="engine_traces", action="store_false",
+                      help="do not collect the workers' OpenTelemetry spans (the per-request TTFT breakdown)")
 
 
 def new_run_dir(prefix: str) -> Path:

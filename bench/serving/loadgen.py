@@ -42,6 +42,9 @@ class RequestResult:
     in their request traces (``breakdown.py``)."""
     sent_at: float = 0.0
     """``time.monotonic()`` when it was sent."""
+    response_id: str = ""
+    """The stream's ``id`` (``chatcmpl-<id>``, the worker's, which LiteLLM passes on): how ``breakdown.py`` finds a
+    request in vLLM's spans, which carry no ``user``."""
 
 
 async def run(schedule: Schedule, *, arm: Arm, base_url: str | Sequence[str], key: str, model: str, workers: int,
@@ -92,6 +95,7 @@ async def _one(client: httpx.AsyncClient, body: dict[str, object], headers: dict
     chunk_times: list[float] = []
     parts: list[str] = []
     error = None
+    response_id = ""
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body, headers=headers) as response:
             if response.status_code != 200:
@@ -107,6 +111,7 @@ async def _one(client: httpx.AsyncClient, body: dict[str, object], headers: dict
                     if "error" in event:
                         error = str(event["error"])[:200]
                         break
+                    response_id = response_id or str(event.get("id") or "")
                     for choice in event.get("choices") or []:
                         content = (choice.get("delta") or {}).get("content")
                         if content:
@@ -121,4 +126,5 @@ async def _one(client: httpx.AsyncClient, body: dict[str, object], headers: dict
         error = "no content"
     turn = session.turns[index]
     return RequestResult(session.session_id, index, turn.prefix_key, start - t0, ttft, end - start, itl,
-                         len(chunk_times), error, user=request_name(session, index), sent_at=start), "".join(parts)
+                         len(chunk_times), error, user=request_name(session, index), sent_at=start,
+                         response_id=response_id), "".join(parts)

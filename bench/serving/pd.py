@@ -50,8 +50,10 @@ import httpx
 
 from bench.serving import breakdown, cli, loadgen, proxy, workloads
 from bench.serving.arms import Arm, ArmName, Placement
+from bench.serving.engine_traces import SpanCollector
 from bench.serving.loadgen import RequestResult
 from bench.serving.report import percentile
+from bench.serving.trace_source import TraceSource
 from bench.serving.workers import SIM_TOKENIZER, Worker, read_counters, reset_prefix_caches, start_vllm
 from bench.serving.workloads import Schedule, Session, conversation
 from litellm_disagg.discovery.file.registry import FileRegistry
@@ -60,7 +62,6 @@ from litellm_disagg.engines.vllm.transfer import build_prefill_body, parse_trans
 from litellm_disagg.http_client import pooled_client
 from litellm_disagg.ports import free_port
 from litellm_disagg.processes import spawn, stop
-from litellm_disagg.sim.request_log import read as read_traces
 from litellm_disagg.stack_config import shared_compute_share
 
 PD_ARMS = ("pd_kv_precise", "pd_kv_approximate", "pd_least_inflight", "pd_round_robin", "pd_oracle")
@@ -89,14 +90,24 @@ class Pools:
     """Served model name."""
     tokenizer: str = SIM_TOKENIZER
     """What the KV-aware proxy tokenizes with: the model directory, or the simulator's ``python:`` factory."""
+    spans: SpanCollector | None = None
+    """Real vLLM workers: the receiver of their OpenTelemetry spans (``engine_traces.py``); None without."""
+    roles: dict[str, str] = field(default_factory=dict)
+    """Worker id to role, for the spans."""
 
     @property
     def all(self) -> list[Worker]:
         return [*self.prefill, *self.decode]
 
+    @property
+    def traces(self) -> TraceSource:
+        return TraceSource(self.request_log, self.spans, self.roles)
+
     def close(self) -> None:
         for proc in self.procs:
             stop(proc, timeout_s=60)
+        if self.spans is not None:
+            self.spans.close()
 
 
 def start_pools(run_dir: Path, *, prefill: int, decode: int, speedup: float, blocks: int, block_size: int) -> Pools:
@@ -125,12 +136,12 @@ def start_pools(run_dir: Path, *, prefill: int, decode: int, speedup: float, blo
 
 
 def start_vllm_pools(run_dir: Path, *, prefill: int, decode: int, model_dir: str, served: str, kv_cache_mib: int,
-                     max_model_len: int) -> Pools:
+                     max_model_len: int, engine_traces: bool = False) -> Pools:
     """Real vLLM CPU workers, ``prefill`` with role prefill and ``decode`` with role decode (NixlConnector pull),
     registered in one file registry; their pools as discovery lists them."""
     roles = ["prefill"] * prefill + ["decode"] * decode
     workers = start_vllm(run_dir, count=len(roles), model_dir=model_dir, served=served, kv_cache_mib=kv_cache_mib,
-                         max_model_len=max_model_len, roles=roles)
+                         max_model_len=max_model_len, roles=roles, engine_traces=engine_traces)
     try:
         configs = asyncio.run(FileRegistry(workers.registry_dir).snapshot())
         role = {c.worker_id: c.role.value for c in configs}
@@ -141,7 +152,8 @@ def start_vllm_pools(run_dir: Path, *, prefill: int, decode: int, model_dir: str
     except BaseException:
         workers.close()
         raise
-    return Pools(workers.registry_dir, p, d, list(workers.procs), None, served, model_dir)
+    return Pools(workers.registry_dir, p, d, list(workers.procs), None, served, model_dir, workers.spans,
+                 dict(workers.roles))
 
 
 async def connect_pairs(pools: Pools) -> None:
@@ -360,12 +372,12 @@ def figures(arm: str, run: int, results: list[RequestResult], pools: Pools, befo
 
 def run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argparse.Namespace, run_dir: Path) -> PDFigures:
     """One arm's figures, and the breakdown of its slowest requests' TTFT printed."""
-    log = pools.request_log
-    offset = log.stat().st_size if log is not None and log.exists() else 0
+    source = pools.traces
+    mark = source.mark()
     row, results = _run_arm(arm, run, schedule, pools, args, run_dir)
-    if log is None:
+    if source.request_log is None and source.spans is None:
         return row
-    traces, _ = read_traces(log, offset)
+    traces = source.since(mark)
     parts = breakdown.join(results, traces)
     print(breakdown.table(f"{arm} (run {run})", parts), flush=True)
     return dataclasses.replace(row, ttft_parts_p50_ms=breakdown.medians(parts),
@@ -565,7 +577,7 @@ def start(args: argparse.Namespace, run_dir: Path) -> Pools:
         model_dir = str(prepare_smollm2())
     pools = start_vllm_pools(run_dir, prefill=args.prefill, decode=args.decode, model_dir=model_dir,
                              served=args.served_model_name, kv_cache_mib=args.kv_cache_mib,
-                             max_model_len=args.max_model_len)
+                             max_model_len=args.max_model_len, engine_traces=args.engine_traces)
     try:
         asyncio.run(connect_pairs(pools))
     except BaseException:

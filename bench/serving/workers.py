@@ -13,12 +13,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from bench.serving.engine_traces import WORKER_ENV as TRACE_ENV
+from bench.serving.engine_traces import SpanCollector
+from bench.serving.trace_source import TraceSource
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.engines import get_engine, prom_text
 from litellm_disagg.engines.base import MetricNames
@@ -55,10 +58,21 @@ class WorkerSet:
     procs: list[subprocess.Popen[bytes]]
     request_log: Path | None = None
     """Simulated workers: their per-request traces (``litellm_disagg/sim/request_log.py``); None for vLLM."""
+    spans: SpanCollector | None = None
+    """Real vLLM workers started with ``engine_traces``: the receiver of their spans."""
+    roles: dict[str, str] = field(default_factory=dict)
+    """Worker id to role (vLLM workers)."""
+
+    @property
+    def traces(self) -> TraceSource:
+        """Where the workers' per-request traces are read (nothing to read: neither a log nor spans)."""
+        return TraceSource(self.request_log, self.spans, self.roles)
 
     def close(self) -> None:
         for proc in self.procs:
             stop(proc, timeout_s=60)
+        if self.spans is not None:
+            self.spans.close()
 
 
 def start_sim(run_dir: Path, *, count: int, speedup: float, blocks: int, block_size: int) -> WorkerSet:
@@ -74,23 +88,30 @@ def start_sim(run_dir: Path, *, count: int, speedup: float, blocks: int, block_s
 
 
 def start_vllm(run_dir: Path, *, count: int, model_dir: str, served: str, kv_cache_mib: int, max_model_len: int,
-               roles: Sequence[str] | None = None) -> WorkerSet:
+               roles: Sequence[str] | None = None, engine_traces: bool = False) -> WorkerSet:
     """Real vLLM CPU workers (``litellm-disagg worker --role ROLE``, role ``both`` unless ``roles`` names one per
     worker: prefill and decode workers move KV with NixlConnector), one core's worth of threads each, KV events on,
-    ``/reset_prefix_cache`` enabled (VLLM_SERVER_DEV_MODE=1)."""
+    ``/reset_prefix_cache`` enabled (VLLM_SERVER_DEV_MODE=1). ``engine_traces``: each exports its requests' spans to
+    a ``SpanCollector`` (``engine_traces.py``), for the per-request breakdown."""
     registry = run_dir / "registry"
+    spans = SpanCollector() if engine_traces else None
+    env = dict(os.environ, **VLLM_WORKER_ENV, **(TRACE_ENV if spans is not None else {}))
     procs = []
-    for argv in vllm_worker_argvs(registry, count=count, model_dir=model_dir, served=served,
-                                  kv_cache_mib=kv_cache_mib, max_model_len=max_model_len, roles=roles):
-        procs.append(spawn(argv, env=dict(os.environ, **VLLM_WORKER_ENV),
-                           log=run_dir / f"worker-{len(procs)}.log"))
+    argvs = vllm_worker_argvs(registry, count=count, model_dir=model_dir, served=served, kv_cache_mib=kv_cache_mib,
+                              max_model_len=max_model_len, roles=roles,
+                              otlp_endpoint=spans.endpoint if spans is not None else None)
+    for argv in argvs:
+        procs.append(spawn(argv, env=env, log=run_dir / f"worker-{len(procs)}.log"))
     try:
         workers = _wait_registered(registry, served, count, procs, timeout_s=900)
     except BaseException:
         for proc in procs:
             stop(proc, timeout_s=30)
+        if spans is not None:
+            spans.close()
         raise
-    return WorkerSet(served, model_dir, registry, workers, procs)
+    role_of = {argv[argv.index("--worker-id") + 1]: argv[argv.index("--role") + 1] for argv in argvs}
+    return WorkerSet(served, model_dir, registry, workers, procs, spans=spans, roles=role_of)
 
 
 VLLM_WORKER_ENV = {"OMP_NUM_THREADS": "1", "VLLM_SERVER_DEV_MODE": "1"}
@@ -99,9 +120,11 @@ cores), ``POST /reset_prefix_cache`` on."""
 
 
 def vllm_worker_argvs(registry: Path, *, count: int, model_dir: str, served: str, kv_cache_mib: int,
-                      max_model_len: int, roles: Sequence[str] | None = None) -> list[list[str]]:
+                      max_model_len: int, roles: Sequence[str] | None = None,
+                      otlp_endpoint: Callable[[str], str] | None = None) -> list[list[str]]:
     """The ``litellm-disagg worker`` command lines: worker ``i`` gets ``roles[i]`` (default ``both``), the id
-    ``bench-<i>`` (``bench-<role>-<i>`` when a role is given) and a free port for its KV events."""
+    ``bench-<i>`` (``bench-<role>-<i>`` when a role is given) and a free port for its KV events; with
+    ``otlp_endpoint``, vLLM's ``--otlp-traces-endpoint`` (the URL for the worker's id)."""
     from litellm_disagg.workers.wrapper import free_port
 
     if roles is not None and len(roles) != count:
@@ -114,6 +137,8 @@ def vllm_worker_argvs(registry: Path, *, count: int, model_dir: str, served: str
                       "--served-model-name", served, "--kv-cache-mib", str(kv_cache_mib), "--max-model-len",
                       str(max_model_len), "--registry-dir", str(registry), "--worker-id", worker_id,
                       "--kv-events-port", str(free_port())])
+        if otlp_endpoint is not None:
+            argvs[-1] += ["--", "--otlp-traces-endpoint", otlp_endpoint(worker_id)]
     return argvs
 
 

@@ -60,6 +60,9 @@ class RequestTrace:
     shared_decode_seqs: int = 0
     """Decoding sequences in those steps, summed over the steps."""
     preemptions: int = 0
+    received: float | None = None
+    """When the HTTP server got the request, before parsing and tokenizing it: set only by traces made from vLLM's
+    spans (``bench/serving/engine_traces.py``); the simulator's ``arrived`` is already past that."""
 
 
 def client_id_of(request_id: str) -> str:
