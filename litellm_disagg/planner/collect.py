@@ -194,6 +194,8 @@ class SignalCollector:
         self._prefill: dict[str, HistogramWindow] = {}
         self._transfer: dict[str, MeanWindow] = {}
         self._prompted: dict[str, CounterWindow] = {}
+        self._prompted_reach: dict[str, CounterWindow] = {}
+        """Per model, the same prompt counter over ``window_max_s`` (where it reaches past ``window_s``)."""
         self._generated: dict[str, CounterWindow] = {}
         self._model_of: dict[str, str] = {}
         self._layouts: dict[str, frozenset[tuple[str, WorkerRole]]] = {}
@@ -232,6 +234,8 @@ class SignalCollector:
                 self._prefill.setdefault(model, HistogramWindow(window, reach)).add(now, totals.prefill)
             if totals.prompt_tokens:
                 self._prompted.setdefault(model, CounterWindow(window)).add(now, totals.prompt_tokens)
+                if reach is not None and reach > window:
+                    self._prompted_reach.setdefault(model, CounterWindow(reach)).add(now, totals.prompt_tokens)
         rate = self._prefill_rate() if self._prefill_rate is not None else None
         by_model: dict[str, list[WorkerSignals]] = {}
         generated: dict[str, dict[str, float]] = {}
@@ -264,6 +268,7 @@ class SignalCollector:
             ttft, itl, transfer = self._ttft.get(model), self._itl.get(model), self._transfer.get(model)
             prefill = self._prefill.get(model)
             prompted, generating = self._prompted.get(model), self._generated.get(model)
+            prompted_reach = self._prompted_reach.get(model)
             fewest, since = self.settings.min_samples, self._layout_since.get(model)
             models.append(ModelSignals(
                 model,
@@ -275,6 +280,7 @@ class SignalCollector:
                 prefill.window(q, min_samples=fewest, not_before=since) if prefill else LatencyWindow(),
                 prompt_tokens_per_s=prompted.rate(now) if prompted else None,
                 output_tokens_per_s=generating.rate(now) if generating else None,
+                recent_prompt_tokens_per_s=prompted_reach.rate(now) if prompted_reach else None,
             ))
         return ClusterSignals(tuple(models))
 

@@ -220,7 +220,8 @@ class Pressures:
     prefill_unmeasured: bool = False
     """Nothing measured the prefill side (no TTFT or prefill-time window with ``min_samples``, no queue, no trend:
     ``litellm-disagg planner`` on its own has no queue; at a few requests a second a window holds few first tokens,
-    and none while they take longer than it) while prompts arrive (the window's prompt rate is over zero), the
+    and none while they take longer than it) while prompts arrive (the window's prompt rate, or the one over
+    ``window_max_s``, is over zero), the
     latency window holds first tokens, fewer than ``min_samples`` (prompts came; a zero rate is a lull between
     two), or the planner has not yet seen the model for a whole ``window_s`` (a rate read over its first seconds
     can be zero under load). ``prefill`` then reads 0.0 for want of evidence; ``prefill_idle`` does not count it as
@@ -425,10 +426,13 @@ def pressures(model: ModelSignals, settings: PlannerSettings, trend: QueueTrend 
     # No prefill-side term: unmeasured (not idle) while prompts arrive, in the planner's first window, or while the
     # latency window holds first tokens too few to measure: at a request every ~12 s a 10 s window of the prompt
     # rate often reads zero between two arrivals, and on real CPU workers that "idle" side sent a decode worker to
-    # ``both`` a step after an ITL breach had moved it to decode, every cooldown (bench.planner_crossing, 2026-12-06)
+    # ``both`` a step after an ITL breach had moved it to decode, every cooldown (bench.planner_crossing, 2026-12-06).
+    # A prompt over the reach (``window_max_s``) counts as arriving too: right after a layout change the latency
+    # windows start empty, and a 10 s lull between two arrivals would otherwise read as an idle side again.
     first_tokens_seen = model.ttft.samples > 0 or model.prefill_time.samples > 0
+    arriving = (model.prompt_tokens_per_s or 0.0) > 0.0 or (model.recent_prompt_tokens_per_s or 0.0) > 0.0
     unmeasured = (all(r is None for r in (latency_term, queue_ratio, trend_ratio))
-                  and ((model.prompt_tokens_per_s or 0.0) > 0.0 or not window_covered or first_tokens_seen))
+                  and (arriving or not window_covered or first_tokens_seen))
     latency_window = model.prefill_time if prefill_time_ratio is not None else model.ttft
     return Pressures(prefill, decode, driver, ttft_ratio, queue_ratio, itl_ratio, occupancy_ratio, kv_ratio,
                      transfer_share, prefill_time_ratio, trend_ratio, needed, prefill_unmeasured=unmeasured,

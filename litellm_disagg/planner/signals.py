@@ -183,6 +183,10 @@ class ModelSignals:
     """The model's decode demand: tokens generated per second over the window, all workers. None: not measured.
     With ``prompt_tokens_per_s`` and an engine profile the planner estimates what aggregated serving would do at
     this load (``planner/mixing.py``)."""
+    recent_prompt_tokens_per_s: float | None = None
+    """Prompt tokens per second over the latency windows' reach (``window_max_s``), not cut at the last layout
+    change as those windows are: a prompt in that span leaves a prefill side with no first token measured since
+    *unmeasured*, not idle (``pressures``). None: no reach beyond ``window_s``, or not measured."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "workers", tuple(self.workers))
@@ -190,6 +194,7 @@ class ModelSignals:
         object.__setattr__(self, "prefill_tokens_per_s", rate if rate else None)
         object.__setattr__(self, "prompt_tokens_per_s", _finite_or_none(self.prompt_tokens_per_s))
         object.__setattr__(self, "output_tokens_per_s", _finite_or_none(self.output_tokens_per_s))
+        object.__setattr__(self, "recent_prompt_tokens_per_s", _finite_or_none(self.recent_prompt_tokens_per_s))
 
     @property
     def active(self) -> tuple[WorkerSignals, ...]:

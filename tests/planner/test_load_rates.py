@@ -186,6 +186,28 @@ async def test_standalone_prompt_tokens_per_s_added_over_proxies_from_the_arriva
         await http.aclose()
 
 
+async def test_the_prompt_rate_over_the_reach_sees_an_arrival_the_window_has_dropped(client) -> None:
+    """``recent_prompt_tokens_per_s``: the same counter over ``window_max_s`` (60 s here), where the latency windows
+    reach; the rate over ``window_s`` (10 s) reads zero in a lull between two arrivals."""
+    pages, http = client
+    a = "http://proxy-a/metrics"
+    c = collector(http, ProxyPagesLatency([a], client=http), window_max_s=60)
+    bare = collector(http, ProxyPagesLatency([a], client=http))
+    workers = [worker("p0", "prefill"), worker("d0", "decode")]
+    try:
+        for now, arrived in ((0.0, 1000), (5.0, 1600), (15.0, 1600), (30.0, 1600)):
+            pages.pages = {a: proxy_page(arrived)}
+            model, plain = await rates(c, now, workers), await rates(bare, now, workers)
+        assert model.prompt_tokens_per_s == 0.0 and model.recent_prompt_tokens_per_s == pytest.approx(600 / 30)
+        assert plain.recent_prompt_tokens_per_s is None  # no reach past window_s: nothing more to say
+        pages.pages = {a: proxy_page(1600)}
+        assert (await rates(c, 70.0, workers)).recent_prompt_tokens_per_s == 0.0  # the arrival left the reach
+    finally:
+        await c.aclose()
+        await bare.aclose()
+        await http.aclose()
+
+
 class Routed:
     """Requests routed through the proxy's own request metrics (``RequestMetrics``): this process's registry."""
 

@@ -408,6 +408,21 @@ def test_a_split_with_prompts_arriving_and_no_first_token_yet_is_not_idle() -> N
         assert decision.pressures.prefill_unmeasured is (samples > 0)
         assert (step.moves == ()) is (samples > 0)  # with none seen: the aggregating decode_bound moves d0 to both
 
+    # right after a layout change the latency windows start empty (they never reach back past it): a prompt over the
+    # reach (``window_max_s``), none in the last ``window_s``, still leaves the side unmeasured, not idle
+    def after_a_move(recent_rate: float | None) -> ClusterSignals:
+        return ClusterSignals((ModelSignals(MODEL, tuple(decode_and_both), LatencyWindow(), lat(40), lat(None),
+                                            prompt_tokens_per_s=0.0, output_tokens_per_s=5.0,
+                                            recent_prompt_tokens_per_s=recent_rate),))
+
+    for recent_rate, condition in ((25.0, Condition.STEADY), (0.0, Condition.DECODE_BOUND),
+                                   (None, Condition.DECODE_BOUND)):
+        planner = Planner(five)
+        for t in (0, 5, 10):
+            step = planner.step(after_a_move(recent_rate), now=t)
+        assert step.decisions[0].condition is condition, recent_rate
+        assert step.decisions[0].pressures.prefill_unmeasured is (recent_rate == 25.0)
+
     # no prompt arriving, and a prompt rate not measured at all (no KV routing), say nothing in the planner's first
     # window (a rate read over a planner's first seconds was zero under a load on real workers: a lull between two
     # arrivals) and are idle once it has seen a whole one, as before
