@@ -105,6 +105,9 @@ def test_the_breakdown_finds_vllm_requests_by_response_id_and_its_parts_add_up()
     assert local.parts_ms == pytest.approx({"proxy_in": 20, "frontend": 10, "queue": 40, "prefill": 150,
                                             "proxy_out": 10})
     assert breakdown.medians([remote, local])["frontend"] == pytest.approx(percentile([50, 10], 0.5))
+    mean = breakdown.means([remote, local])  # a part a request lacks counts 0 there: the means add up to TTFT's
+    assert mean["ttft"] == pytest.approx((520 + 230) / 2) and mean["handoff"] == pytest.approx(20)
+    assert sum(v for k, v in mean.items() if k != "ttft") == pytest.approx(mean["ttft"])
 
 
 def test_the_trace_source_reads_only_the_spans_after_its_mark(collector):

@@ -159,6 +159,7 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
                                    threads_after), flush=True)
         print(probe_report.machine_line(machine_before, machine_after, proxy_cpu, workers_cpu, client_cpu), flush=True)
     return dataclasses.replace(row, ttft_parts_p50_ms=breakdown.medians(parts),
+                               ttft_parts_mean_ms=breakdown.means(parts),
                                slowest=[dataclasses.asdict(b) for b in breakdown.slowest(parts)])
 
 

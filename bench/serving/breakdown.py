@@ -14,8 +14,9 @@ on one monotonic clock::
 
     proxy_in      the client's send to the first worker's arrival: the proxy's work before it calls a worker
                   (LiteLLM, tokenization, the routing decision) and the HTTP hop
-    frontend      vLLM only: its API server's work before the engine queued the request (chat template,
-                  tokenization, the hand-over to the engine core); the simulator's arrival is already past it
+    frontend      vLLM only: its API server's work (chat template, tokenization) and the wait until the engine
+                  core takes the request in, which it does between steps: a long step ahead of it shows here, not
+                  in ``queue``; the simulator's arrival is already past it
     queue         arrival to the first step that computed part of the prompt: the wait behind the worker's queue
     prefill       that step's start to the first token: the prompt's own chunks and whatever shared their steps
     handoff       the prefill's end to the decode worker's arrival: the proxy between the two calls
@@ -140,6 +141,20 @@ def medians(rows: Sequence[Breakdown]) -> dict[str, float]:
     return out
 
 
+def means(rows: Sequence[Breakdown]) -> dict[str, float]:
+    """TTFT's mean and each part's mean over all the requests, a part that does not apply to a request (or that its
+    traces do not time, as vLLM's pull) counted as 0 there: the parts' means add up to TTFT's mean, so each one's
+    share of it says where the arm's time to first token went."""
+    if not rows:
+        return {}
+    out = {"ttft": sum(b.ttft_ms for b in rows) / len(rows)}
+    for part in PARTS:
+        values = [b.parts_ms.get(part, 0.0) for b in rows]
+        if any(part in b.parts_ms for b in rows):
+            out[part] = sum(0.0 if math.isnan(v) else v for v in values) / len(rows)
+    return out
+
+
 def table(arm: str, rows: Sequence[Breakdown], fraction: float = 0.02) -> str:
     """The slowest requests of one arm, part by part, and the p50 of each part over all of them."""
     if not rows:
@@ -159,4 +174,6 @@ def table(arm: str, rows: Sequence[Breakdown], fraction: float = 0.02) -> str:
             f"{b.shared_prefill_tokens:6d}")
     mid = medians(rows)
     lines.append("  p50 over all: " + ", ".join(f"{k} {v:.1f}" for k, v in mid.items()))
+    mean = means(rows)
+    lines.append("  mean over all (the parts add up to TTFT): " + ", ".join(f"{k} {v:.1f}" for k, v in mean.items()))
     return "\n".join(lines)

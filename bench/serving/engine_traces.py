@@ -10,8 +10,9 @@ apart) that turns each span into a ``RequestTrace`` on this host's ``time.monoto
 generator times its requests on:
 
     received     the span's start: the API server got the request
-    arrived      received + TTFT - queue - prefill: the engine queued it (after the chat template, tokenization
-                 and the hand-over to the engine core: ``breakdown``'s ``frontend``)
+    arrived      received + TTFT - queue - prefill: the engine core queued it (after the chat template,
+                 tokenization, and the wait for the engine core to take it in between two steps: ``breakdown``'s
+                 ``frontend``)
     scheduled    arrived + queue
     first_token  received + TTFT
     finished     received + e2e

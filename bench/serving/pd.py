@@ -336,6 +336,8 @@ class PDFigures:
     first_errors: list[str] = field(default_factory=list)
     ttft_parts_p50_ms: dict[str, float] = field(default_factory=dict)
     """The p50 of each part of TTFT (``breakdown.PARTS``) over the arm's requests."""
+    ttft_parts_mean_ms: dict[str, float] = field(default_factory=dict)
+    """TTFT's mean and each part's (``breakdown.means``): the parts add up to TTFT's."""
     slowest: list[dict[str, object]] = field(default_factory=list)
     """The breakdowns of the slowest 2% of requests by TTFT (``breakdown.Breakdown``)."""
     decisions: dict[str, float] = field(default_factory=dict)
@@ -381,6 +383,7 @@ def run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argparse
     parts = breakdown.join(results, traces)
     print(breakdown.table(f"{arm} (run {run})", parts), flush=True)
     return dataclasses.replace(row, ttft_parts_p50_ms=breakdown.medians(parts),
+                               ttft_parts_mean_ms=breakdown.means(parts),
                                slowest=[dataclasses.asdict(b) for b in breakdown.slowest(parts)])
 
 

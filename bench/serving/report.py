@@ -39,9 +39,11 @@ class ArmFigures:
     ttft_by_turn_p50_ms: dict[int, float] = field(default_factory=dict)
     """Multi-turn: TTFT p50 of each turn index (the first turn is always cold)."""
     ttft_parts_p50_ms: dict[str, float] = field(default_factory=dict)
-    """Simulated workers: the p50 of each part of TTFT (``breakdown.PARTS``) over the arm's requests."""
+    """The p50 of each part of TTFT (``breakdown.PARTS``) over the arm's requests."""
+    ttft_parts_mean_ms: dict[str, float] = field(default_factory=dict)
+    """TTFT's mean and each part's (``breakdown.means``): the parts add up to TTFT's."""
     slowest: list[dict[str, object]] = field(default_factory=list)
-    """Simulated workers: the breakdowns of the slowest 2% of requests by TTFT (``breakdown.Breakdown``)."""
+    """The breakdowns of the slowest 2% of requests by TTFT (``breakdown.Breakdown``)."""
     proxy_cpu_s: float = 0.0
     """CPU seconds (user + system, all threads) the proxy process(es) used while the arm's load ran."""
     workers_cpu_s: float = 0.0
