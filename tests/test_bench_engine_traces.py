@@ -6,6 +6,7 @@ The spans are sent by OpenTelemetry's own OTLP/HTTP exporter (the one vLLM uses 
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -127,3 +128,20 @@ def test_worker_argvs_name_vllms_trace_endpoint_per_worker(tmp_path):
         assert argv[argv.index("--") + 1:] == ["--otlp-traces-endpoint", f"http://h/{worker}/v1/traces"]
     assert "--" not in vllm_worker_argvs(tmp_path, count=1, model_dir="/m", served="s", kv_cache_mib=64,
                                          max_model_len=512)[0]
+
+
+def test_the_breakdown_plot_stacks_the_saved_means_and_skips_rows_without_them(tmp_path):
+    from bench.serving import breakdown_plot
+
+    run = tmp_path / "pd.json"
+    run.write_text(json.dumps({"meta": {}, "runs": [
+        {"arm": "pd_kv_precise", "run": 1, "ttft_parts_mean_ms": {"ttft": 30.0, "proxy_in": 10.0, "prefill": 20.0}},
+        {"arm": "pd_least_inflight", "run": 1, "ttft_parts_mean_ms": {}},  # --no-engine-traces
+    ]}))
+    assert breakdown_plot.rows_of(run) == [("kv_precise\nrun 1", {"ttft": 30.0, "proxy_in": 10.0, "prefill": 20.0})]
+    breakdown_plot.main([str(run), "--out", str(tmp_path / "b.png")])
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"arms": [{"arm": "kv_aware"}]}))  # bench.serving's JSON, no means saved
+    with pytest.raises(SystemExit):
+        breakdown_plot.main([str(empty), "--out", str(tmp_path / "c.png")])
