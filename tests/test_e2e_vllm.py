@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 
 import httpx
 import openai
 import psutil
 import pytest
 
+from bench.serving import breakdown
+from bench.serving.engine_traces import WORKER_ENV as TRACE_ENV
+from bench.serving.engine_traces import SpanCollector
+from bench.serving.loadgen import RequestResult
+from bench.serving.trace_source import TraceSource
 from litellm_disagg.engines.vllm.transfer import KVTransferParams
 from litellm_disagg.processes import wait_until
 from litellm_disagg.routing.cooldown import FailureCooldown
@@ -48,6 +54,11 @@ class Stack:
         self.prefill = WorkerProc("prefill", tiny_model, self.registry, base,
                                   wrapper_args=[*keyed, "--kv-lease-s", str(LONG_LEASE_S)])
         self.decode = WorkerProc("decode", tiny_model, self.registry, base, wrapper_args=list(keyed))
+        # vLLM's own per-request spans, as bench.serving collects them (the breakdown test below)
+        self.spans = SpanCollector()
+        for worker in (self.prefill, self.decode):
+            worker.env.update(TRACE_ENV)
+            worker.extra += ["--otlp-traces-endpoint", self.spans.endpoint(worker.worker_id)]
         # The transfer is the subject here: every prompt prefilled remotely (support/proxy_configs.py).
         config = shipped_with_remote_prefill(base, model="tiny", model_dir=tiny_model)
         self.proxy = ProxyProc(self.registry, base, config=config, env={"LITELLM_DISAGG_WORKER_API_KEY": WORKER_KEY})
@@ -80,6 +91,7 @@ class Stack:
         self.proxy.stop()
         for worker in [self.prefill, self.decode, *self.extra]:
             worker.kill()
+        self.spans.close()
 
     def client(self, key: str = MASTER_KEY) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.proxy.url}/v1", api_key=key, max_retries=0, timeout=120)
@@ -128,6 +140,32 @@ def test_chat_disaggregated_equals_aggregated(stack):
     stream = stack.client().chat.completions.create(model="tiny", messages=CHAT, max_tokens=24, temperature=0, stream=True)
     text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert text == reference.choices[0].message.content
+
+
+def test_vllms_own_spans_break_a_disaggregated_request_down_through_the_proxy(stack):
+    """The benchmarks' per-request breakdown on real workers (``bench/serving/engine_traces.py``): both workers export
+    vLLM's ``llm_request`` span; the stream's id, passed on by LiteLLM, names the request in both (the router sends
+    one ``X-Request-Id`` to the prefill and the decode call), and the parts follow each other in time."""
+    source = TraceSource(spans=stack.spans, roles={stack.prefill.worker_id: "prefill", stack.decode.worker_id: "decode"})
+    mark = source.mark()
+    sent, first, response_id = time.monotonic(), None, ""
+    messages = [{"role": "user", "content": "Where does the time to first token go? " * 12}]
+    for chunk in stack.client().chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0,
+                                                        stream=True):
+        response_id = response_id or chunk.id
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.monotonic()
+    assert first is not None and response_id.startswith("chatcmpl-")
+    result = RequestResult("s", 0, "k", 0.0, first - sent, time.monotonic() - sent, None, 8, response_id=response_id,
+                           sent_at=sent)
+    traces = source.since(mark)
+    assert sorted(t.role for t in traces if t.request_id == response_id) == ["decode", "prefill"]
+    [b] = breakdown.join([result], traces)
+    assert (b.prefill_worker, b.worker) == (stack.prefill.worker_id, stack.decode.worker_id)
+    assert set(b.parts_ms) == {"proxy_in", "frontend", "queue", "prefill", "handoff", "admit", "decode_first",
+                               "proxy_out"}
+    assert min(b.parts_ms.values()) > -1.0, b.parts_ms  # one host, one clock: each part starts where the last ended
+    assert sum(b.parts_ms.values()) == pytest.approx(b.ttft_ms)
 
 
 def test_text_completion_disaggregated_equals_aggregated(stack):
