@@ -117,6 +117,10 @@ def test_workers_refuse_requests_without_their_key_which_is_never_published_nor_
         assert httpx.get(f"{worker.url}/v1/models", timeout=10).status_code == 401
         assert httpx.get(f"{worker.url}/v1/models", headers={"Authorization": "Bearer sk-wrong"}, timeout=10).status_code == 401
         assert httpx.get(f"{worker.url}/v1/models", headers={"Authorization": f"Bearer {WORKER_KEY}"}, timeout=10).status_code == 200
+        # A listed entry: on a stalled machine a heartbeat can come later than the registry's 10 s TTL (a CI run saw
+        # both workers' registry writes take 8-13.5 s at once, and this one read found no live prefill entry)
+        wait_until(lambda w=worker: registered(stack.registry, w.worker_id) is not None, timeout_s=60,
+                   what=f"{worker.worker_id} listed")
         config = registered(stack.registry, worker.worker_id)
         assert config is not None and config.api_key_required
         assert WORKER_KEY not in "".join(p.read_text() for p in stack.registry.glob("*.json"))
