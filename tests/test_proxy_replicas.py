@@ -1,5 +1,6 @@
 """Two replicas of the real LiteLLM proxy (``python -m litellm.proxy.proxy_cli``) over the same simulated workers, KV
-routing on, as users run them behind one address: each replica subscribes to every worker's KV event stream itself.
+routing on, as users run them behind one address: each replica subscribes to every worker's KV event stream itself;
+and two replicas that share their in-flight counts through LiteLLM's Redis (a real ``redis-server``).
 
 A document is sent through replica A only; replica B has never routed anything, has no channel to A, and still holds
 the document's blocks in its prefix index (from the workers' events) and routes the document's follow-up question to
@@ -25,6 +26,7 @@ from litellm_disagg.sim.worker import SimWorker
 from .sim.conftest import fast_settings
 from .support.net import free_port
 from .support.procs import MASTER_KEY, ProxyProc
+from .support.redis_server import redis_server
 
 MODEL = "sim-model"
 SIM_TOKENIZER = "python:litellm_disagg.sim.hf_tokenizer:load"
@@ -157,3 +159,86 @@ async def test_a_second_proxy_replica_routes_to_the_holder_from_its_own_kv_subsc
         finally:
             for p in proxies.values():
                 await asyncio.to_thread(p.stop)
+
+
+def shared_inflight_config(registry_dir: str, metrics_port: int, redis_port: int) -> dict:
+    """Least-inflight routing (no KV routing, so no /metrics scrape shows a replica the other's requests), with the
+    Redis LiteLLM's ``router_settings`` name for its replicas, which the in-flight exchange uses too."""
+    return {
+        "model_list": [],
+        "litellm_settings": {"callbacks": ["litellm_disagg.plugin.handler"], "drop_params": False},
+        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
+        "router_settings": {"num_retries": 0, "timeout": 120, "redis_host": "127.0.0.1", "redis_port": redis_port},
+        "litellm_disagg": {
+            "registry": {"backend": "file", "path": registry_dir, "poll_interval_s": 0.1},
+            "sync_interval_s": 0.2,
+            "metrics": {"port": metrics_port},
+            "picker": "least_inflight",
+            "shared_inflight": {"interval_s": 0.1},
+        },
+    }
+
+
+async def test_replicas_sharing_litellms_redis_count_each_others_requests_in_flight(tmp_path):
+    """A long stream runs through replica A; replica B, which has routed nothing, places its request on the other
+    worker. Least-inflight ties rotate in candidate order, the same in both replicas: without the exchange B's first
+    pick is the worker A's first pick loaded. Two decode workers and no prefill worker: each request runs whole on
+    one worker (the aggregated fallback), so a worker's finished count says where a request ran."""
+    registry_dir = tmp_path / "registry"
+    ports = {"A": free_port(), "B": free_port()}
+    proxies: dict[str, ProxyProc] = {}
+    slow = fast_settings(timing={"speedup": 1.0})  # 400 tokens stream for about 8 s
+    with redis_server(tmp_path / "redis") as redis_port:
+        async with SimCluster(registry=FileRegistry(registry_dir), settings=slow, heartbeat_interval_s=0.2,
+                              name="shared-inflight") as sim:
+            try:
+                await sim.start(decode=2)
+                workers = sim.workers_with(WorkerRole.DECODE)
+                for name, port in ports.items():
+                    (tmp_path / name).mkdir()
+                    path = tmp_path / name / "proxy.yaml"
+                    path.write_text(yaml.safe_dump(shared_inflight_config(str(registry_dir), port, redis_port),
+                                                   sort_keys=False))
+                    proxies[name] = ProxyProc(registry_dir, tmp_path / name, config=path).start()
+                await asyncio.gather(*(asyncio.to_thread(p.wait_ready, MODEL, 300) for p in proxies.values()))
+                for name in proxies:  # each hears the other through Redis
+                    await _until_metric(ports[name], "litellm_disagg_shared_inflight_replicas", 1)
+
+                headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+                async with httpx.AsyncClient(timeout=120) as client:
+                    before = finished(workers)
+                    async with client.stream("POST", f"{proxies['A'].url}/v1/chat/completions", headers=headers, json={
+                        "model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}],
+                        "max_tokens": 400, "stream": True, "temperature": 0,
+                    }) as stream:
+                        assert stream.status_code == 200
+                        lines = stream.aiter_lines()
+                        async for line in lines:
+                            if line.startswith("data:"):
+                                break  # A's call is in flight
+                        await _until_metric(ports["B"], "litellm_disagg_shared_inflight_requests", 1)
+                        r = await client.post(f"{proxies['B'].url}/v1/chat/completions", headers=headers, json={
+                            "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+                        assert r.status_code == 200, r.text
+                        middle = finished(workers)
+                        [b_ran_on] = [w for w, n in middle.items() if n > before[w]]
+                        async for _line in lines:  # A's stream to its end
+                            pass
+                    for _ in range(200):
+                        [*a_ran_on] = [w for w, n in finished(workers).items() if n > middle[w]]
+                        if a_ran_on:
+                            break
+                        await asyncio.sleep(0.05)
+                    assert a_ran_on != [b_ran_on], f"B sent its request to {b_ran_on}, where A's stream ran"
+                    assert await proxy_metric(ports["B"], "litellm_disagg_shared_inflight_up") == 1
+            finally:
+                for p in proxies.values():
+                    await asyncio.to_thread(p.stop)
+
+
+async def _until_metric(port: int, name: str, at_least: float) -> None:
+    for _ in range(600):
+        if await proxy_metric(port, name) >= at_least:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{name} on :{port} never reached {at_least}")

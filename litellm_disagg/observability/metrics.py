@@ -61,6 +61,10 @@ litellm_disagg_worker_running_requests                gauge     model, role, wor
 litellm_disagg_worker_waiting_requests                gauge     model, role, worker       engine's queue (scraped; KV routing on)
 litellm_disagg_worker_kv_usage_ratio                  gauge     model, role, worker       engine's KV cache in use, 0..1 (scraped; KV
                                                                                           routing on)
+**Other proxy replicas** (in-flight counts shared through Redis, ``routing/shared_inflight.py``)
+litellm_disagg_shared_inflight_up                     gauge     (none)                    1 while the exchange through Redis succeeds
+litellm_disagg_shared_inflight_replicas               gauge     (none)                    other replicas heard in the last exchange
+litellm_disagg_shared_inflight_requests               gauge     (none)                    calls the other replicas have in flight
 **KV transfers** (the decode workers' NIXL counters, scraped; KV routing on)
 litellm_disagg_kv_transfers_total                     counter   model, worker             KV transfers the decode worker completed
 litellm_disagg_kv_transfer_seconds_total              counter   model, worker             their durations, added up (mean = ratio of rates)
@@ -196,6 +200,16 @@ WORKER_WAITING = Gauge("litellm_disagg_worker_waiting_requests", "Engine's queue
                        multiprocess_mode="livemostrecent")
 WORKER_KV_USAGE = Gauge("litellm_disagg_worker_kv_usage_ratio", "Engine's KV cache in use, 0..1 (scraped)", _WORKER,
                         multiprocess_mode="livemostrecent")
+
+# -- in flight on other proxy replicas (routing/shared_inflight.py) ----------------------------------------------------
+
+SHARED_INFLIGHT_UP = Gauge("litellm_disagg_shared_inflight_up",
+                           "1 while the in-flight exchange with the other replicas through Redis succeeds",
+                           multiprocess_mode="livemin")
+SHARED_INFLIGHT_REPLICAS = Gauge("litellm_disagg_shared_inflight_replicas",
+                                 "Other proxy replicas heard in the last exchange", multiprocess_mode="livemax")
+SHARED_INFLIGHT_REQUESTS = Gauge("litellm_disagg_shared_inflight_requests",
+                                 "Calls the other proxy replicas have in flight, all workers", multiprocess_mode="livemax")
 
 # -- KV transfers and index --------------------------------------------------------------------------------------------
 

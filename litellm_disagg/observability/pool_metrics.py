@@ -112,7 +112,7 @@ class PoolMetrics:
     # -- periodic -----------------------------------------------------------------------------------------------------
 
     def refresh(self, accounting: Accounting, cooldown: FailureCooldown, kv: KVRouter | None) -> None:
-        requests, prefill_tokens, _ = accounting.lookups()
+        requests, prefill_tokens, _ = accounting.own_lookups()  # each replica its own: Prometheus sums them
         scraped = kv.scraper.lookup() if kv is not None else None
         for worker_id, labels in self._workers.items():
             wl = _worker_labels(worker_id, labels)

@@ -21,6 +21,10 @@ Who calls what::
                   (``routing/kv/prefill_seen.py``; precise mode): a non-streamed call has no first chunk
 
 Entries expire after ``max_age_s``, so a lost completion event can never pin a worker as busy.
+
+With several proxy replicas, ``routing/shared_inflight.py`` publishes this replica's totals (``own_totals``) and
+hands back the other replicas' (``set_others``): the reads (``lookups``, ``prefill_tokens``, ...) then count both,
+so a decision sees what every replica has sent; ``own_lookups`` stays this replica's alone (its metrics).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import attrgetter
 
 
 class Phase(StrEnum):
@@ -53,6 +58,16 @@ class FlightKey:
         return cls(Phase.PREFILL, request_id)
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerFlights:
+    """One worker's in-flight totals, as one replica counts them (the figures ``Accounting`` keeps per worker)."""
+
+    requests: int = 0
+    prefill_tokens: int = 0
+    decode_blocks: int = 0
+    pull_tokens: int = 0
+
+
 @dataclass(slots=True)
 class _Entry:
     worker_id: str
@@ -71,6 +86,8 @@ class Accounting:
         self._prefill: Counter[str] = Counter()
         self._decode: Counter[str] = Counter()
         self._pull: Counter[str] = Counter()
+        self._others: dict[str, WorkerFlights] = {}
+        """The other proxy replicas' totals per worker (``set_others``), added to every read but ``own_lookups``."""
         self.version = 0
         """Counts changes to the per-worker figures (a cached load snapshot is valid while it stays the same)."""
 
@@ -130,23 +147,43 @@ class Accounting:
                 return
             self.finish(key)
 
+    def set_others(self, others: dict[str, WorkerFlights]) -> None:
+        """The other replicas' totals per worker, summed (replacing the last ones; ``{}``: none, or not known)."""
+        if others != self._others:
+            self._others = others
+            self.version += 1
+
     # -- reads ---------------------------------------------------------------------------------------------------------
 
     def requests(self, worker_id: str) -> int:
         self.expire()
-        return self._requests.get(worker_id, 0)
+        other = self._others.get(worker_id)
+        return self._requests.get(worker_id, 0) + (other.requests if other else 0)
 
     def prefill_tokens(self, worker_id: str) -> int:
         self.expire()
-        return self._prefill.get(worker_id, 0)
+        other = self._others.get(worker_id)
+        return self._prefill.get(worker_id, 0) + (other.prefill_tokens if other else 0)
 
     def decode_blocks(self, worker_id: str) -> int:
         self.expire()
-        return self._decode.get(worker_id, 0)
+        other = self._others.get(worker_id)
+        return self._decode.get(worker_id, 0) + (other.decode_blocks if other else 0)
 
     def pull_tokens(self, worker_id: str) -> int:
         self.expire()
-        return self._pull.get(worker_id, 0)
+        other = self._others.get(worker_id)
+        return self._pull.get(worker_id, 0) + (other.pull_tokens if other else 0)
+
+    def own_totals(self) -> dict[str, WorkerFlights]:
+        """This replica's own totals per worker with anything in flight (what ``shared_inflight`` publishes)."""
+        self.expire()
+        workers = self._requests.keys() | self._prefill.keys() | self._decode.keys() | self._pull.keys()
+        return {
+            wid: WorkerFlights(self._requests.get(wid, 0), self._prefill.get(wid, 0), self._decode.get(wid, 0),
+                               self._pull.get(wid, 0))
+            for wid in workers
+        }
 
     def worker_of(self, key: FlightKey) -> str | None:
         entry = self._entries.get(key)
@@ -154,16 +191,38 @@ class Accounting:
 
     def lookups(self) -> tuple[Callable[[str, int], int], Callable[[str, int], int], Callable[[str, int], int]]:
         """Expire once, then ``get(worker_id, 0)`` lookups of (requests, prefill tokens, decode blocks), for many
-        workers at one instant (one decision's load snapshot)."""
+        workers at one instant (one decision's load snapshot), the other replicas' totals included."""
+        own = self.own_lookups()
+        if not self._others:
+            return own
+        others = self._others
+        return (_plus(own[0], others, "requests"), _plus(own[1], others, "prefill_tokens"),
+                _plus(own[2], others, "decode_blocks"))
+
+    def own_lookups(self) -> tuple[Callable[[str, int], int], Callable[[str, int], int], Callable[[str, int], int]]:
+        """As ``lookups``, this replica's own figures only (its per-worker metrics: Prometheus sums the replicas)."""
         self.expire()
         return self._requests.get, self._prefill.get, self._decode.get
 
     def pull_lookup(self) -> Callable[[str, int], int]:
         """``get(worker_id, 0)`` of pull tokens, as ``lookups()`` (call it after ``lookups()``, which expires)."""
-        return self._pull.get
+        if not self._others:
+            return self._pull.get
+        return _plus(self._pull.get, self._others, "pull_tokens")
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def _plus(own: Callable[[str, int], int], others: dict[str, WorkerFlights], figure: str) -> Callable[[str, int], int]:
+    get = others.get
+    read = attrgetter(figure)
+
+    def lookup(worker_id: str, default: int) -> int:
+        other = get(worker_id)
+        return own(worker_id, default) + (read(other) if other is not None else 0)
+
+    return lookup
 
 
 def _sub(counter: Counter[str], worker_id: str, amount: int) -> None:

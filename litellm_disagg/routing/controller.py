@@ -31,6 +31,7 @@ from litellm_disagg.routing.pipeline.profile import PICKER_PROFILES
 from litellm_disagg.routing.pipeline.providers import ContextProvider, LoadProvider
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.route_plan import RoutePlanner
+from litellm_disagg.routing.shared_inflight import SharedInflight
 from litellm_disagg.routing.strategy import DisaggRoutingStrategy
 from litellm_disagg.routing.worker_auth import load_worker_key
 from litellm_disagg.runtime_config import RuntimeConfig
@@ -58,6 +59,8 @@ class DisaggController:
         )
         kv_settings = settings.kv_routing
         self.accounting = Accounting(max_age_s=kv_settings.load.inflight_max_age_s)
+        self.shared_inflight = SharedInflight.for_router(settings.shared_inflight, router, self.accounting)
+        """The other proxy replicas' in-flight counts, through Redis (``routing/shared_inflight.py``); None: off."""
         self.cooldown = FailureCooldown(cooldown_s=settings.failure_cooldown_s)
         self.liveness = Liveness(pool=lambda: self.pool)
         """Workers that refuse connections, held out of new work until discovery drops them (``routing/liveness.py``)."""
@@ -126,6 +129,8 @@ class DisaggController:
         if self.kv is not None:
             await self.kv.start()
         self.keep_installed()
+        if self.shared_inflight is not None:
+            self.shared_inflight.start()
         self._tasks = [asyncio.create_task(self._watch(), name="litellm-disagg-watch"),
                        asyncio.create_task(self._keep(), name="litellm-disagg-keeper")]
         if self.settings.planner.enabled:  # the dynamic planner (planner/loop.py); one acts across proxies (its lock)
@@ -146,6 +151,8 @@ class DisaggController:
         if self.planner_loop is not None:
             await self.planner_loop.stop()
             self.planner_loop = None
+        if self.shared_inflight is not None:
+            await self.shared_inflight.stop()
         if self.kv is not None:
             await self.kv.stop()
         await self.registry.close()

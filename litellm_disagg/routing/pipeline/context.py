@@ -31,7 +31,8 @@ class WorkerLoad(NamedTuple):
     worker_id: str
     kv_capacity_blocks: int
     inflight_requests: int = 0
-    """Requests this router has in flight there."""
+    """Requests this router has in flight there (with the other proxy replicas', where they share them through
+    Redis: ``routing/shared_inflight.py``; so are the figures below)."""
     inflight_prefill_tokens: int = 0
     """Prompt tokens this router sent there that are still being prefilled."""
     inflight_decode_blocks: int = 0

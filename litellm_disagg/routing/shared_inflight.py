@@ -1,0 +1,276 @@
+"""In-flight load shared between proxy replicas through Redis (LiteLLM's own, or one named here).
+
+Each replica counts only the requests it sent (``accounting.py``). Behind one address, N replicas each see 1/N of
+the traffic: until a worker's own ``/metrics`` shows the others' requests (a scrape interval later, and never a
+decode whose prompt is still being prefilled elsewhere), a replica can pile new work onto a worker the others just
+loaded. So every ``interval_s`` each replica, in one round trip (a Lua script on one hash key, so a Redis Cluster
+serves it too):
+
+- writes its own per-worker totals (``Accounting.own_totals``) under its replica id, stamped with Redis's clock;
+- reads the other replicas' fields, dropping (and deleting) those older than ``ttl_s``: a replica that died stops
+  counting within ``ttl_s``, and no replica's clock matters;
+
+and hands their sum to ``Accounting.set_others``, which every decision's load snapshot then adds to its own counts.
+A field that does not parse, or holds a negative or absurd figure, is skipped and logged: another replica's entry is
+never trusted. When Redis cannot be reached the others' totals are dropped once the last good read is ``ttl_s`` old
+(routing goes on with this replica's own counts, as without Redis). On stop the replica deletes its field.
+
+``enabled: auto`` (the default) turns this on when the LiteLLM router has a Redis (``router_settings``'
+``redis_host``/``redis_port``/``redis_password`` or ``redis_url``, as LiteLLM's own multi-instance setup asks), and
+uses the router's client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from litellm_disagg.observability import metrics as m
+from litellm_disagg.routing.accounting import Accounting, WorkerFlights
+
+logger = logging.getLogger(__name__)
+
+MAX_FIGURE = 1 << 40
+"""A figure above this (requests, tokens or blocks on one worker) is not believed."""
+
+_EXCHANGE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', now) .. ' ' .. ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ttl * 4)
+local out = {}
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local field, value = all[i], all[i + 1]
+  if field ~= ARGV[1] then
+    local stamp, totals = string.match(value, '^(%d+) (.*)$')
+    if stamp == nil or now - tonumber(stamp) > ttl then
+      redis.call('HDEL', KEYS[1], field)
+    else
+      out[#out + 1] = field
+      out[#out + 1] = totals
+    end
+  end
+end
+return out
+"""
+"""KEYS[1]: the hash; ARGV: this replica's id, its totals (JSON), ``ttl_s`` in ms. Returns the other live replicas'
+fields and totals, flat."""
+
+
+class SharedInflightSettings(BaseModel):
+    """``litellm_disagg.shared_inflight`` in ``proxy_config.yaml``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool | Literal["auto"] = "auto"
+    """``auto``: on when the LiteLLM router has a Redis (``router_settings.redis_host``... or ``redis_url``)."""
+    redis_url: str | None = None
+    """A Redis of its own (``redis://[:password@]host:port/db``); default: the LiteLLM router's."""
+    key: Annotated[str, Field(min_length=1)] = "litellm_disagg:inflight"
+    """The Redis hash the replicas share (one per cluster of proxies routing the same workers)."""
+    interval_s: Annotated[float, Field(gt=0)] = 0.1
+    """How often a replica publishes its totals and reads the others'."""
+    ttl_s: Annotated[float, Field(gt=0)] = 2.0
+    """A replica not heard from for this long no longer counts (it died, or cannot reach Redis)."""
+
+    @model_validator(mode="after")
+    def _ttl_spans_intervals(self) -> SharedInflightSettings:
+        if self.ttl_s < 2 * self.interval_s:
+            raise ValueError("shared_inflight.ttl_s must be at least twice interval_s")
+        return self
+
+
+def replica_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def encode(totals: dict[str, WorkerFlights]) -> str:
+    return json.dumps(
+        {wid: [f.requests, f.prefill_tokens, f.decode_blocks, f.pull_tokens] for wid, f in totals.items()},
+        separators=(",", ":"),
+    )
+
+
+def _figures(value: Any) -> WorkerFlights | None:
+    if not isinstance(value, list) or len(value) != 4:
+        return None
+    if not all(type(v) is int and 0 <= v <= MAX_FIGURE for v in value):
+        return None
+    return WorkerFlights(*value)
+
+
+def parse_others(flat: list[Any]) -> tuple[dict[str, WorkerFlights], list[str]]:
+    """The script's flat reply -> the other replicas' totals summed per worker, and the replicas whose field was
+    skipped whole or in part (unreadable, or a figure that is not a count)."""
+    summed: dict[str, list[int]] = {}
+    bad: list[str] = []
+    for i in range(0, len(flat) - 1, 2):
+        field = _text(flat[i])
+        try:
+            totals = json.loads(_text(flat[i + 1]))
+        except ValueError:
+            bad.append(field)
+            continue
+        if not isinstance(totals, dict):
+            bad.append(field)
+            continue
+        skipped = False
+        for wid, value in totals.items():
+            figures = _figures(value)
+            if figures is None or not isinstance(wid, str) or not wid:
+                skipped = True
+                continue
+            into = summed.setdefault(wid, [0, 0, 0, 0])
+            into[0] += figures.requests
+            into[1] += figures.prefill_tokens
+            into[2] += figures.decode_blocks
+            into[3] += figures.pull_tokens
+        if skipped:
+            bad.append(field)
+    return {wid: WorkerFlights(*v) for wid, v in summed.items()}, bad
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def router_redis(router: Any) -> Callable[[], Any | None]:
+    """The LiteLLM router's async Redis client, once it has one (LiteLLM may attach its Redis after the plugin
+    starts: ``litellm_settings.cache``), then kept; None until then."""
+    held: list[Any] = []
+
+    def client() -> Any | None:
+        if not held:
+            cache = getattr(getattr(router, "cache", None), "redis_cache", None)
+            if cache is None:
+                return None
+            held.append(cache.init_async_client())
+        return held[0]
+
+    return client
+
+
+class SharedInflight:
+    """One replica's side of the exchange (see the module's docstring)."""
+
+    def __init__(
+        self,
+        accounting: Accounting,
+        client: Callable[[], Any | None],
+        settings: SharedInflightSettings,
+        *,
+        replica: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.accounting = accounting
+        self._client = client
+        """Returns the Redis client, or None while there is none yet (LiteLLM may attach its Redis later)."""
+        self.settings = settings
+        self.replica = replica or replica_id()
+        self._clock = clock
+        self._script: Any = None
+        self._script_client: Any = None
+        self._last_ok: float | None = None
+        self._warned_at: float | None = None
+        self._distrusted: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._owned: Any = None
+        """A client of its own (``redis_url``), closed on stop; LiteLLM's is LiteLLM's to close."""
+        self.exchanges = 0
+        """Successful exchanges (for tests and the log)."""
+
+    @classmethod
+    def for_router(cls, settings: SharedInflightSettings, router: Any, accounting: Accounting) -> SharedInflight | None:
+        """The exchange these settings ask for, or None when it is off (``auto`` without a Redis on the router)."""
+        if settings.enabled is False:
+            return None
+        if settings.redis_url is not None:
+            import redis.asyncio as aioredis
+
+            own = aioredis.Redis.from_url(settings.redis_url)
+            shared = cls(accounting, lambda: own, settings)
+            shared._owned = own
+            return shared
+        if settings.enabled == "auto" and getattr(getattr(router, "cache", None), "redis_cache", None) is None:
+            return None
+        return cls(accounting, router_redis(router), settings)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="litellm-disagg-shared-inflight")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        client = self._client()
+        if client is not None:  # leave at once rather than after ttl_s
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.hdel(self.settings.key, self.replica), timeout=1.0)
+        if self._owned is not None:
+            with contextlib.suppress(Exception):
+                await self._owned.aclose()
+        self.accounting.set_others({})
+
+    async def _run(self) -> None:
+        logger.info("sharing in-flight load through Redis (key %s, replica %s)", self.settings.key, self.replica)
+        while True:
+            await self.exchange()
+            await asyncio.sleep(self.settings.interval_s)
+
+    async def exchange(self) -> bool:
+        """One round trip: publish this replica's totals, take the others'. False when Redis could not be used."""
+        now = self._clock()
+        try:
+            client = self._client()
+            if client is None:
+                raise RuntimeError("no Redis: name one in router_settings (redis_host, redis_port) or shared_inflight.redis_url")
+            if self._script is None or self._script_client is not client:
+                self._script, self._script_client = client.register_script(_EXCHANGE), client
+            flat = await asyncio.wait_for(
+                self._script(keys=[self.settings.key],
+                             args=[self.replica, encode(self.accounting.own_totals()), int(self.settings.ttl_s * 1000)]),
+                timeout=max(self.settings.ttl_s / 2, self.settings.interval_s),
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failed(now, exc)
+            return False
+        flat = list(flat or [])
+        others, bad = parse_others(flat)
+        for field in bad:
+            if field not in self._distrusted:
+                self._distrusted.add(field)
+                logger.warning("shared in-flight: replica %r's entry has figures that are not counts; skipped", field)
+        self.accounting.set_others(others)
+        self._last_ok = now
+        self.exchanges += 1
+        m.SHARED_INFLIGHT_UP.set(1)
+        m.SHARED_INFLIGHT_REPLICAS.set(len(flat) // 2)
+        m.SHARED_INFLIGHT_REQUESTS.set(sum(f.requests for f in others.values()))
+        return True
+
+    def _failed(self, now: float, exc: Exception) -> None:
+        if self._warned_at is None or now - self._warned_at >= 30.0:
+            self._warned_at = now
+            logger.warning("shared in-flight: Redis exchange failed (%s); routing on this replica's own counts", exc)
+        m.SHARED_INFLIGHT_UP.set(0)
+        if self._last_ok is None or now - self._last_ok >= self.settings.ttl_s:
+            self.accounting.set_others({})
+            m.SHARED_INFLIGHT_REPLICAS.set(0)
+            m.SHARED_INFLIGHT_REQUESTS.set(0)

@@ -1,0 +1,205 @@
+"""In-flight load shared between proxy replicas through a real Redis (``routing/shared_inflight.py``).
+
+Two replicas are two ``Accounting`` objects, each with its own exchange, over one real ``redis-server``: what one
+sends is counted in the other's decisions, a replica that leaves or dies stops counting, a hostile entry is not
+believed, and a Redis that goes away leaves each replica routing on its own counts. The LiteLLM router's own Redis
+(``router_settings: redis_host/redis_port``) is the default one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+import litellm
+import pytest
+import redis.asyncio as aioredis
+
+from litellm_disagg.routing.accounting import Accounting, FlightKey, WorkerFlights
+from litellm_disagg.routing.pipeline.context import collect_loads
+from litellm_disagg.routing.pool import WorkerPool
+from litellm_disagg.routing.shared_inflight import SharedInflight, SharedInflightSettings, encode, parse_others
+from litellm_disagg.settings import DisaggSettings
+
+from ..support.redis_server import redis_server
+from ..test_routing_units import w
+from .test_route_plan import CHAT, planner
+
+KEY = "test:inflight"
+
+
+@pytest.fixture(scope="module")
+def redis_port(tmp_path_factory):
+    with redis_server(tmp_path_factory.mktemp("redis")) as port:
+        yield port
+
+
+@pytest.fixture
+async def client(redis_port):
+    c = aioredis.Redis(host="127.0.0.1", port=redis_port)
+    await c.delete(KEY)
+    yield c
+    await c.aclose()
+
+
+def replica(client, name: str, *, ttl_s: float = 2.0, clock=None) -> tuple[Accounting, SharedInflight]:
+    accounting = Accounting()
+    settings = SharedInflightSettings(enabled=True, key=KEY, interval_s=0.05, ttl_s=ttl_s)
+    kwargs = {"clock": clock} if clock is not None else {}
+    return accounting, SharedInflight(accounting, lambda: client, settings, replica=name, **kwargs)
+
+
+# -- the accounting's side (no Redis) ---------------------------------------------------------------------------------
+
+
+def test_the_other_replicas_totals_count_in_every_read_but_the_replicas_own_metrics():
+    accounting = Accounting()
+    accounting.start(FlightKey.decode("a"), "w1", prefill_tokens=100, decode_blocks=3, pull_tokens=7)
+    version = accounting.version
+    accounting.set_others({"w1": WorkerFlights(2, 50, 4, 1), "w2": WorkerFlights(1, 0, 2, 0)})
+    assert accounting.version > version  # a cached load snapshot is rebuilt
+    assert (accounting.requests("w1"), accounting.prefill_tokens("w1"), accounting.decode_blocks("w1"),
+            accounting.pull_tokens("w1")) == (3, 150, 7, 8)
+    requests, prefill, decode = accounting.lookups()
+    assert (requests("w2", 0), prefill("w2", 0), decode("w2", 0), accounting.pull_lookup()("w1", 0)) == (1, 0, 2, 8)
+    own_requests, own_prefill, _ = accounting.own_lookups()
+    assert (own_requests("w1", 0), own_requests("w2", 0), own_prefill("w1", 0)) == (1, 0, 100)
+    assert accounting.own_totals() == {"w1": WorkerFlights(1, 100, 3, 7)}
+    loads = collect_loads([w("w1"), w("w2"), w("w3")], accounting=accounting)
+    assert [loads[x].inflight_requests for x in ("w1", "w2", "w3")] == [3, 1, 0]
+    version = accounting.version
+    accounting.set_others({"w1": WorkerFlights(2, 50, 4, 1), "w2": WorkerFlights(1, 0, 2, 0)})
+    assert accounting.version == version  # the same totals again change nothing
+    accounting.set_others({})
+    assert accounting.requests("w1") == 1 and accounting.lookups()[0]("w2", 0) == 0
+
+
+def test_an_entry_whose_figures_are_not_counts_is_skipped():
+    good = encode({"w1": WorkerFlights(2, 10, 1, 0)})
+    flat = [b"r1", good.encode(), b"r2", b'{"w1": [-1, 0, 0, 0], "w2": [1, 0, 0, 0], "w3": "x", "w4": [1, 2]}',
+            b"r3", b"not json", b"r4", b"[1, 2]", b"r5", b'{"w1": [1.5, 0, 0, 0], "w5": [99999999999999999, 0, 0, 0]}',
+            b"r6", b'{"w1": [1, 0, 0, 0]}']
+    others, bad = parse_others(flat)
+    assert others == {"w1": WorkerFlights(3, 10, 1, 0), "w2": WorkerFlights(1, 0, 0, 0)}
+    assert bad == ["r2", "r3", "r4", "r5"]
+
+
+def test_settings_default_to_auto_and_check_the_ttl():
+    assert DisaggSettings().shared_inflight.enabled == "auto"
+    with pytest.raises(ValueError, match="ttl_s"):
+        SharedInflightSettings(interval_s=1.0, ttl_s=1.5)
+    with pytest.raises(ValueError):
+        DisaggSettings.model_validate({"shared_inflight": {"redis": "localhost"}})
+
+
+# -- over a real Redis --------------------------------------------------------------------------------------------------
+
+
+async def test_what_one_replica_sends_counts_in_the_others_decisions(client):
+    a_acc, a = replica(client, "a")
+    b_acc, b = replica(client, "b")
+    pool = WorkerPool.of([w("d1"), w("d2")])
+    a_acc.start(FlightKey.decode("x1"), "d1", prefill_tokens=500)
+    a_acc.start(FlightKey.decode("x2"), "d1")
+    # Before any exchange, B cannot tell the two workers apart: least-inflight ties and picks either.
+    assert await a.exchange() and await b.exchange()
+    assert b_acc.requests("d1") == 2 and b_acc.prefill_tokens("d1") == 500 and b_acc.own_lookups()[0]("d1", 0) == 0
+    for _ in range(20):  # never the worker A loaded (a tie would pick it about half of the time)
+        plan = await planner(b_acc).plan(CHAT, pool, pool.decode_candidates("tiny"))
+        assert plan.decode.worker_id == "d2"
+    # B's own request counts on A's side too, and A's finished requests stop counting on B's.
+    b_acc.start(FlightKey.decode("y1"), "d2")
+    a_acc.finish(FlightKey.decode("x1"))
+    a_acc.finish(FlightKey.decode("x2"))
+    assert await b.exchange() and await a.exchange() and await b.exchange()
+    assert a_acc.requests("d2") == 1 and b_acc.requests("d1") == 0 and b_acc.requests("d2") == 1
+
+
+async def test_a_replica_that_stops_leaves_at_once_and_one_that_dies_after_its_ttl(client):
+    a_acc, a = replica(client, "a", ttl_s=0.3)
+    b_acc, b = replica(client, "b", ttl_s=0.3)
+    c_acc, c = replica(client, "c", ttl_s=0.3)
+    a_acc.start(FlightKey.decode("x"), "d1")
+    c_acc.start(FlightKey.decode("z"), "d1")
+    a.start()
+    c.start()
+    await _until(lambda: b_acc.requests("d1") == 2, b)
+    await a.stop()  # deletes its field
+    assert a_acc.requests("d1") == 1  # its own count stays; the others' are dropped
+    assert await b.exchange() and b_acc.requests("d1") == 1
+    c._task.cancel()  # c dies: no exchange and no goodbye
+    with contextlib.suppress(asyncio.CancelledError):
+        await c._task
+    await asyncio.sleep(0.5)
+    assert await b.exchange() and b_acc.requests("d1") == 0
+    assert await client.hkeys(KEY) == [b"b"]  # the dead replica's field is gone from Redis too
+
+
+async def test_a_hostile_entry_is_skipped_and_logged_never_counted(client, caplog):
+    b_acc, b = replica(client, "b")
+    seconds, micros = await client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    await client.hset(KEY, mapping={
+        "liar": f"{now_ms} " + json.dumps({"d1": [-50, 0, 0, 0], "d2": [1 << 50, 0, 0, 0], "d3": [2, 0, 0, 0]}),
+        "junk": "no stamp here",
+        "stale": f"{now_ms - 60_000} " + json.dumps({"d1": [9, 0, 0, 0]}),
+    })
+    with caplog.at_level(logging.WARNING, logger="litellm_disagg.routing.shared_inflight"):
+        assert await b.exchange()
+    assert (b_acc.requests("d1"), b_acc.requests("d2"), b_acc.requests("d3")) == (0, 0, 2)
+    assert "liar" in caplog.text
+    assert set(await client.hkeys(KEY)) == {b"b", b"liar"}  # unreadable and stale fields deleted
+
+
+async def test_without_redis_each_replica_routes_on_its_own_counts(tmp_path, caplog):
+    with redis_server(tmp_path / "r") as port:
+        client = aioredis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5, socket_timeout=0.5)
+        now = [0.0]
+        a_acc, a = replica(client, "a", ttl_s=1.0, clock=lambda: now[0])
+        b_acc, b = replica(client, "b", ttl_s=1.0, clock=lambda: now[0])
+        a_acc.start(FlightKey.decode("x"), "d1")
+        assert await a.exchange() and await b.exchange() and b_acc.requests("d1") == 1
+    # The server is gone.
+    with caplog.at_level(logging.WARNING, logger="litellm_disagg.routing.shared_inflight"):
+        now[0] = 0.5
+        assert not await b.exchange()
+        assert b_acc.requests("d1") == 1  # the last good read holds for ttl_s
+        now[0] = 1.5
+        assert not await b.exchange()
+        assert b_acc.requests("d1") == 0
+    assert caplog.text.count("Redis exchange failed") == 1  # one warning, not one per interval
+    await client.aclose()
+
+
+async def test_auto_uses_the_litellm_routers_redis_and_is_off_without_one(redis_port, client):
+    settings = SharedInflightSettings(key=KEY)  # enabled: auto
+    plain = litellm.Router(model_list=[])
+    assert SharedInflight.for_router(settings, plain, Accounting()) is None
+    assert SharedInflight.for_router(SharedInflightSettings(enabled=False), plain, Accounting()) is None
+    with_redis = litellm.Router(model_list=[], redis_host="127.0.0.1", redis_port=redis_port)
+    a_acc = Accounting()
+    shared = SharedInflight.for_router(settings, with_redis, a_acc)
+    assert shared is not None
+    a_acc.start(FlightKey.decode("x"), "d1")
+    assert await shared.exchange()
+    b_acc, b = replica(client, "b")
+    assert await b.exchange() and b_acc.requests("d1") == 1
+    await shared.stop()
+    own = SharedInflight.for_router(SharedInflightSettings(redis_url=f"redis://127.0.0.1:{redis_port}/0", key=KEY),
+                                    plain, Accounting())
+    assert own is not None and await own.exchange()
+    await own.stop()
+    # Turned on by hand without any Redis: no exchange, a warning, routing on its own counts.
+    alone = SharedInflight.for_router(SharedInflightSettings(enabled=True, key=KEY), plain, Accounting())
+    assert alone is not None and not await alone.exchange()
+
+
+async def _until(check, shared: SharedInflight, tries: int = 100) -> None:
+    for _ in range(tries):
+        await shared.exchange()
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the other replicas' totals never arrived")
