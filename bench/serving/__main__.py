@@ -106,7 +106,8 @@ async def warm_up(base_url: str, key: str, model: str, workers: int) -> None:
 
 def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: WorkerSet, args: argparse.Namespace,
             run_dir: Path) -> report.ArmFigures:
-    arm = arms_mod.build(name, workers, kv_routing=json.loads(args.kv_routing))
+    arm = arms_mod.build(name, workers, kv_routing=json.loads(args.kv_routing),
+                         redis_port=getattr(args, "redis_port", None))
     probing = getattr(args, "probe_proxy", False)
     if probing:
         probe_file = probe_report.enable(arm.config, run_dir, f"{schedule.workload}-{name}")
@@ -149,7 +150,7 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
             server.close()
     row = dataclasses.replace(report.figures(name, results, wall, before, after), proxy_cpu_s=proxy_cpu,
                               workers_cpu_s=workers_cpu, engine_means_ms=engine_time_means_ms(before, after))
-    if source.request_log is None and source.spans is None:
+    if source.empty:
         return row
     traces = source.since(mark)
     parts = breakdown.join(results, traces)
@@ -161,6 +162,15 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
     return dataclasses.replace(row, ttft_parts_p50_ms=breakdown.medians(parts),
                                ttft_parts_mean_ms=breakdown.means(parts),
                                slowest=[dataclasses.asdict(b) for b in breakdown.slowest(parts)])
+
+
+def warm_if_real(args: argparse.Namespace, workers: WorkerSet) -> None:
+    """Real engines' first prefills of a size are slower than later ones: send them the workload's sizes first."""
+    if args.backend != "vllm":
+        return
+    print("warming the engines (not measured) ...", flush=True)
+    asyncio.run(warm_engines(workers.workers, workers.model, max_tokens=args.max_tokens,
+                             prompt_words=args.prefix_words + args.question_words))
 
 
 def main() -> None:
@@ -180,10 +190,7 @@ def main() -> None:
     run_dir = cli.new_run_dir(f"serving-{args.backend}-")
     workers = start_workers(args, run_dir)
     try:
-        if args.backend == "vllm":
-            print("warming the engines (not measured) ...", flush=True)
-            asyncio.run(warm_engines(workers.workers, workers.model, max_tokens=args.max_tokens,
-                                     prompt_words=args.prefix_words + args.question_words))
+        warm_if_real(args, workers)
         for workload in chosen:
             shape = cli.shape_from_args(args)
             schedule = workloads.build(workload, shape, seed=args.seed)  # type: ignore[arg-type]

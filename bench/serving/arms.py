@@ -40,12 +40,17 @@ def pinned_group(model: str, index: int) -> str:
     return f"{model}@{index}"
 
 
-def build(name: ArmName, workers: WorkerSet, *, kv_routing: dict[str, Any] | None = None) -> Arm:
+def build(name: ArmName, workers: WorkerSet, *, kv_routing: dict[str, Any] | None = None,
+          redis_port: int | None = None) -> Arm:
+    """``redis_port``: the proxies' router names a Redis on 127.0.0.1 (LiteLLM's state across replicas, and
+    litellm-disagg's in-flight exchange, ``shared_inflight: auto``)."""
     base: dict[str, Any] = {
         "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
         "litellm_settings": {"drop_params": False, "request_timeout": 600},
         "router_settings": {"num_retries": 1, "timeout": 600},
     }
+    if redis_port is not None:
+        base["router_settings"] |= {"redis_host": "127.0.0.1", "redis_port": redis_port}
     if name == "kv_aware":
         kv: dict[str, Any] = {"enabled": True, "disaggregation": {"mode": "never"}}
         if workers.model_dir:

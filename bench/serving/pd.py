@@ -101,6 +101,7 @@ class Pools:
 
     @property
     def traces(self) -> TraceSource:
+        """Where the pools' per-request traces are read (the simulator's log, or the vLLM workers' spans)."""
         return TraceSource(self.request_log, self.spans, self.roles)
 
     def close(self) -> None:
@@ -377,7 +378,7 @@ def run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argparse
     source = pools.traces
     mark = source.mark()
     row, results = _run_arm(arm, run, schedule, pools, args, run_dir)
-    if source.request_log is None and source.spans is None:
+    if source.empty:
         return row
     traces = source.since(mark)
     parts = breakdown.join(results, traces)

@@ -16,6 +16,7 @@ replica count: TTFT p50/p99, prefix-cache hit rate, busiest worker / mean. Write
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -25,6 +26,29 @@ from pathlib import Path
 from bench.serving import __main__ as serving
 from bench.serving import arms as arms_mod
 from bench.serving import cli, report, workloads
+from bench.serving.redis_server import redis_server
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """How many replicas, and whether they share a Redis (LiteLLM's ``router_settings.redis_host``/``redis_port``:
+    LiteLLM's own state such as ``least-busy``'s counts, and litellm-disagg's in-flight exchange)."""
+
+    proxies: int
+    redis: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        """``2`` or ``2r`` (with Redis)."""
+        redis = text.endswith("r")
+        count = int(text[:-1] if redis else text)
+        if count < 1:
+            raise ValueError(text)
+        return cls(count, redis)
+
+    @property
+    def label(self) -> str:
+        return f"x{self.proxies}" + ("+redis" if self.redis else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,21 +57,22 @@ class Row:
     proxies: int
     run: int
     figures: report.ArmFigures
+    redis: bool = False
 
 
 def ranges_table(rows: list[Row]) -> str:
-    head = (f"{'arm':12s} {'proxies':>7s} {'TTFT p50 ms':>13s} {'TTFT p99 ms':>13s} {'hit rate %':>11s} "
+    head = (f"{'arm':12s} {'proxies':>13s} {'TTFT p50 ms':>13s} {'TTFT p99 ms':>13s} {'hit rate %':>11s} "
             f"{'busiest/mean':>12s} {'failed':>6s}")
     lines = [head, "-" * len(head)]
-    keys = sorted({(r.arm, r.proxies) for r in rows}, key=lambda k: (k[0], k[1]))
-    for arm, proxies in keys:
-        mine = [r.figures for r in rows if (r.arm, r.proxies) == (arm, proxies)]
+    keys = sorted({(r.arm, r.proxies, r.redis) for r in rows})
+    for arm, proxies, redis in keys:
+        mine = [r.figures for r in rows if (r.arm, r.proxies, r.redis) == (arm, proxies, redis)]
 
         def span(values: list[float], spec: str) -> str:
             return f"{min(values):{spec}}-{max(values):{spec}}"
 
         lines.append(
-            f"{arm:12s} {proxies:7d} {span([f.ttft_p50_ms for f in mine], '.0f'):>13s} "
+            f"{arm:12s} {Variant(proxies, redis).label:>13s} {span([f.ttft_p50_ms for f in mine], '.0f'):>13s} "
             f"{span([f.ttft_p99_ms for f in mine], '.0f'):>13s} {span([f.hit_rate * 100 for f in mine], '.1f'):>11s} "
             f"{span([f.imbalance for f in mine], '.2f'):>12s} {sum(f.failed for f in mine):6d}")
     return "\n".join(lines)
@@ -56,7 +81,8 @@ def ranges_table(rows: list[Row]) -> str:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """This module's --proxies (a list of counts) and --runs; every other option is the serving benchmark's."""
     own = argparse.ArgumentParser(add_help=False)
-    own.add_argument("--proxies", default="1,2", help="comma-separated replica counts to compare")
+    own.add_argument("--proxies", default="1,2",
+                     help="comma-separated replica counts to compare; N r (e.g. 2r): N replicas sharing a Redis")
     own.add_argument("--runs", type=int, default=3)
     mine, rest = own.parse_known_args(argv)
     saved, sys.argv = sys.argv, ["python -m bench.serving.replicas", *rest]
@@ -64,10 +90,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args = serving.parse_args()
     finally:
         sys.argv = saved
-    args.proxy_counts = [int(n) for n in mine.proxies.split(",")]
+    try:
+        args.variants = [Variant.parse(n) for n in mine.proxies.split(",")]
+    except ValueError:
+        raise SystemExit("--proxies takes counts >= 1, each optionally followed by r (with Redis)") from None
     args.runs = mine.runs
-    if any(n < 1 for n in args.proxy_counts) or args.runs < 1:
-        raise SystemExit("--proxies takes counts >= 1 and --runs at least 1")
+    if args.runs < 1:
+        raise SystemExit("--runs takes at least 1")
     return args
 
 
@@ -88,27 +117,32 @@ def main(argv: list[str] | None = None) -> list[Row]:
     schedule = workloads.build(workload, shape, seed=args.seed)  # type: ignore[arg-type]
     workers = serving.start_workers(args, run_dir)
     rows: list[Row] = []
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(workers.close)
+        redis_port = (stack.enter_context(redis_server(run_dir / "redis"))
+                      if any(v.redis for v in args.variants) else None)
+        serving.warm_if_real(args, workers)
         for run in range(1, args.runs + 1):
             for name in arm_names:
-                for count in args.proxy_counts:
-                    print(f"[{workload}] run {run} {name} x{count} proxies ...", flush=True)
-                    args.proxies = count
+                for variant in args.variants:
+                    print(f"[{workload}] run {run} {name} {variant.label} ...", flush=True)
+                    args.proxies = variant.proxies
+                    args.redis_port = redis_port if variant.redis else None
                     fig = serving.run_arm(name, schedule, workers, args, run_dir)  # type: ignore[arg-type]
-                    fig.arm = f"{name} x{count}"
-                    rows.append(Row(name, count, run, fig))
+                    fig.arm = f"{name} {variant.label}"
+                    rows.append(Row(name, variant.proxies, run, fig, variant.redis))
                     print(report.table([fig]).splitlines()[-1], flush=True)
-    finally:
-        workers.close()
     title = (f"{workload}: {schedule.requests} requests at {args.rate:g}/s over {args.workers} "
              f"{'simulated' if args.backend == 'sim' else 'vLLM CPU'} workers, {args.runs} runs interleaved")
     for run in range(1, args.runs + 1):
         print(f"\nrun {run}\n{report.table([r.figures for r in rows if r.run == run])}")
     print(f"\n{title}: ranges (min-max over runs)\n{ranges_table(rows)}")
     path = out / f"serving_replicas_{workload}.json"
-    meta = {k: v for k, v in vars(args).items() if k != "out"}
+    meta = {k: v for k, v in vars(args).items() if k not in ("out", "variants")}
+    meta["variants"] = [v.label for v in args.variants]
     path.write_text(json.dumps({"meta": meta, "rows": [
-        {"arm": r.arm, "proxies": r.proxies, "run": r.run, **dataclasses.asdict(r.figures)} for r in rows]}, indent=2))
+        {"arm": r.arm, "proxies": r.proxies, "redis": r.redis, "run": r.run, **dataclasses.asdict(r.figures)}
+        for r in rows]}, indent=2))
     print(f"wrote {path}", flush=True)
     return rows
 

@@ -21,6 +21,11 @@ class TraceSource:
     roles: Mapping[str, str] = field(default_factory=dict)
     """Worker id to role, for the spans (``both`` where unnamed)."""
 
+    @property
+    def empty(self) -> bool:
+        """Nothing to read: the workers keep no log and export no spans (``--no-engine-traces``)."""
+        return self.request_log is None and self.spans is None
+
     def mark(self) -> int:
         """Where the traces of what runs next begin (read before the load starts)."""
         if self.request_log is not None:

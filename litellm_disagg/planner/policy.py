@@ -221,10 +221,9 @@ class Pressures:
     """Nothing measured the prefill side (no TTFT or prefill-time window with ``min_samples``, no queue, no trend:
     ``litellm-disagg planner`` on its own has no queue; at a few requests a second a window holds few first tokens,
     and none while they take longer than it) while prompts arrive (the window's prompt rate, or the one over
-    ``window_max_s``, is over zero), the
-    latency window holds first tokens, fewer than ``min_samples`` (prompts came; a zero rate is a lull between
-    two), or the planner has not yet seen the model for a whole ``window_s`` (a rate read over its first seconds
-    can be zero under load). ``prefill`` then reads 0.0 for want of evidence; ``prefill_idle`` does not count it as
+    ``window_max_s``, is over zero), the latency window holds first tokens, fewer than ``min_samples`` (prompts
+    came; a zero rate is a lull between two), or the planner has not yet seen the model for a whole ``window_s`` (a
+    rate read over its first seconds can be zero under load). ``prefill`` then reads 0.0 for want of evidence; ``prefill_idle`` does not count it as
     idle."""
     aggregation_refuted: bool = False
     """A crossing to ``both`` decided on the prefill side was refuted by its first tokens at this load
