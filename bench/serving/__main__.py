@@ -114,6 +114,8 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
     asyncio.run(reset_prefix_caches(workers.workers))
     count = getattr(args, "proxies", 1)
     label = f"{schedule.workload}-{name}" if count == 1 else f"{schedule.workload}-{name}-x{count}"
+    if getattr(args, "redis_port", None) is not None:
+        label += "-redis"
     servers = proxy.start_replicas(arm.config, run_dir, label, model=workers.model, count=count)
     key = servers[0].key
     try:
