@@ -34,6 +34,7 @@ from litellm_disagg.planner.policy import Planner, PlannerStep, RoleMove
 from litellm_disagg.planner.report import PlannerReport
 from litellm_disagg.planner.settings import PlannerSettings
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
+from litellm_disagg.tasks import cancel
 
 if TYPE_CHECKING:
     from litellm_disagg.routing.controller import DisaggController
@@ -187,10 +188,7 @@ class PlannerLoop:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel([task])
         if self.hook is not None:
             await self.hook.aclose()
         with contextlib.suppress(Exception):

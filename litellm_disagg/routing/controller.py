@@ -11,7 +11,6 @@ It runs two background loops: the discovery watch (rebuilds the pool on every ch
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from typing import TYPE_CHECKING, Any
@@ -36,6 +35,7 @@ from litellm_disagg.routing.strategy import DisaggRoutingStrategy
 from litellm_disagg.routing.worker_auth import load_worker_key
 from litellm_disagg.runtime_config import RuntimeConfig
 from litellm_disagg.settings import DisaggSettings
+from litellm_disagg.tasks import cancel
 from litellm_disagg.transfer.prefill import PrefillClient
 
 if TYPE_CHECKING:
@@ -142,11 +142,7 @@ class DisaggController:
             self.planner_loop.start()
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(self._tasks)
         self._tasks = []
         if self.planner_loop is not None:
             await self.planner_loop.stop()

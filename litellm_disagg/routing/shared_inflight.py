@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from litellm_disagg.observability import metrics as m
 from litellm_disagg.routing.accounting import Accounting, WorkerFlights
+from litellm_disagg.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -213,10 +214,7 @@ class SharedInflight:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel([task])
         client = self._client()
         if client is not None:  # leave at once rather than after ttl_s
             with contextlib.suppress(Exception):

@@ -43,6 +43,7 @@ from typing import Protocol, runtime_checkable
 from litellm_disagg.discovery.registry import RegistryError
 from litellm_disagg.discovery.roles import AfterDrain, RoleRequest
 from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole, WorkerState
+from litellm_disagg.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -246,17 +247,11 @@ class WorkerLifecycle:
         self._left = True
         await self._stop_following_roles()
         task, self._heartbeat_task = self._heartbeat_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel([task])
 
     async def _stop_following_roles(self) -> None:
         task, self._role_task = self._role_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel([task])
 
     async def _follow_roles(self, source: RoleRequestSource) -> None:
         """Apply each role request as it comes; survive registry failures (the worker keeps its role meanwhile)."""

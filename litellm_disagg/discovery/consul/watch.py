@@ -16,7 +16,6 @@ configs, so the merged snapshot does not change and ``snapshots()`` yields nothi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -29,6 +28,7 @@ from litellm_disagg.discovery.consul.reader import ConsulReader, ServiceConfigs,
 from litellm_disagg.discovery.consul.settings import ConsulRegistrySettings
 from litellm_disagg.discovery.status import DiscoveryStatus
 from litellm_disagg.runtime_config import RuntimeConfig
+from litellm_disagg.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -114,11 +114,7 @@ class ConsulWatch:
         self._changed.set()
         tasks = [task for task in (self._catalog_task, *self._service_tasks.values()) if task is not None]
         self._service_tasks.clear()
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(tasks)
 
     def _current(self) -> list[RuntimeConfig] | None:
         if not self._catalog_read:

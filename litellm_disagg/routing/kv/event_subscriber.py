@@ -21,7 +21,6 @@ the extension) goes through the engine's ``decode`` and ``EventApplier.apply``; 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -32,6 +31,7 @@ import zmq.asyncio
 from litellm_disagg.engines.base import EventBatch, KVEventWire, MalformedBatch
 from litellm_disagg.routing.kv import native
 from litellm_disagg.routing.kv.event_applier import EventApplier
+from litellm_disagg.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -137,10 +137,7 @@ class KVEventSubscriber:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel([task])
         self._socket.close(linger=0)
 
     async def _run(self) -> None:

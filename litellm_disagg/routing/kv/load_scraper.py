@@ -42,7 +42,6 @@ right, single samples are noisy.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
@@ -55,6 +54,7 @@ from litellm_disagg.engines import prom_text
 from litellm_disagg.engines.base import MetricNames
 from litellm_disagg.engines.vllm.metrics import VLLM_METRICS
 from litellm_disagg.routing.kv.metrics_fetch import AiohttpFetch, FetchError, HttpxFetch, MetricsFetch
+from litellm_disagg.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -395,10 +395,7 @@ class LoadScraper:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel([task])
         await self._fetch.aclose()
 
     async def _run(self) -> None:

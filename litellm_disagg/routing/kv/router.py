@@ -23,7 +23,6 @@ scraper, index maintenance); ``stop()`` at shutdown. ``sync`` may be called befo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import zlib
@@ -53,6 +52,7 @@ from litellm_disagg.routing.pipeline.selection import Selection
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.request import DisaggRequest
 from litellm_disagg.runtime_config import RuntimeConfig
+from litellm_disagg.tasks import cancel
 
 if TYPE_CHECKING:
     from litellm_disagg.routing.route_plan import RoutePlan
@@ -137,11 +137,7 @@ class KVRouter:
 
     async def stop(self) -> None:
         self._started = False
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel(list(self._tasks))
         await asyncio.gather(*(s.stop() for s in self._subscribers.values()))
         self._subscribers.clear()
         await self.scraper.stop()
