@@ -9,6 +9,7 @@ import os
 import pytest
 
 from bench.serving import breakdown, pd, workloads
+from bench.serving.variants import Variant
 from bench.serving.workers import read_counters, vllm_worker_argvs
 from litellm_disagg.settings import DisaggSettings
 from litellm_disagg.sim.request_log import read as read_traces
@@ -69,6 +70,10 @@ def test_vllm_backend_defaults_fit_two_cores_and_leave_the_sim_defaults_alone():
     assert (sim.prefill, sim.decode, sim.requests, sim.max_tokens) == (4, 4, 120, 24)
     assert pd.parse_args(["--backend", "vllm", "--decode", "3", "--requests", "8"]).decode == 3
     assert real.warm_up_words < sim.warm_up_words
+    assert sim.variants == [Variant(1)]
+    assert pd.parse_args(["--proxies", "1,2,2r"]).variants == [Variant(1), Variant(2), Variant(2, redis=True)]
+    with pytest.raises(SystemExit):
+        pd.parse_args(["--proxies", "0"])
 
 
 def test_vllm_pools_are_prefill_and_decode_workers_and_the_proxy_tokenizes_with_the_model_dir(tmp_path):

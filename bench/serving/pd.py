@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -52,8 +53,10 @@ from bench.serving import breakdown, cli, loadgen, proxy, workloads
 from bench.serving.arms import Arm, ArmName, Placement
 from bench.serving.engine_traces import SpanCollector
 from bench.serving.loadgen import RequestResult
+from bench.serving.redis_server import redis_server
 from bench.serving.report import percentile
 from bench.serving.trace_source import TraceSource
+from bench.serving.variants import ONE, Variant
 from bench.serving.workers import SIM_TOKENIZER, Worker, read_counters, reset_prefix_caches, start_vllm
 from bench.serving.workloads import Schedule, Session, conversation
 from litellm_disagg.discovery.file.registry import FileRegistry
@@ -373,23 +376,27 @@ def figures(arm: str, run: int, results: list[RequestResult], pools: Pools, befo
     )
 
 
-def run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argparse.Namespace, run_dir: Path) -> PDFigures:
-    """One arm's figures, and the breakdown of its slowest requests' TTFT printed."""
+def run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argparse.Namespace, run_dir: Path,
+            variant: Variant = ONE) -> PDFigures:
+    """One arm's figures, and the breakdown of its slowest requests' TTFT printed. ``variant``: through how many
+    proxy replicas, sharing a Redis or not (``args.redis_port``); its label joins the arm's name past one proxy."""
     source = pools.traces
     mark = source.mark()
-    row, results = _run_arm(arm, run, schedule, pools, args, run_dir)
+    row, results = _run_arm(arm, run, schedule, pools, args, run_dir, variant)
+    if variant != ONE:
+        row = dataclasses.replace(row, arm=f"{arm} {variant.label}")
     if source.empty:
         return row
     traces = source.since(mark)
     parts = breakdown.join(results, traces)
-    print(breakdown.table(f"{arm} (run {run})", parts), flush=True)
+    print(breakdown.table(f"{row.arm} (run {run})", parts), flush=True)
     return dataclasses.replace(row, ttft_parts_p50_ms=breakdown.medians(parts),
                                ttft_parts_mean_ms=breakdown.means(parts),
                                slowest=[dataclasses.asdict(b) for b in breakdown.slowest(parts)])
 
 
 def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argparse.Namespace,
-             run_dir: Path) -> tuple[PDFigures, list[RequestResult]]:
+             run_dir: Path, variant: Variant) -> tuple[PDFigures, list[RequestResult]]:
     asyncio.run(reset_prefix_caches(pools.all))
     if arm == "pd_oracle":
         time.sleep(0.5)
@@ -397,22 +404,29 @@ def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argpars
         results, _ = asyncio.run(run_oracle(schedule, pools, max_tokens=args.max_tokens))
         after = asyncio.run(read_counters(pools.all))
         return figures(arm, run, results, pools, before, after), results
-    metrics_port = free_port() if arm in KV_ARMS else None
+    # One proxy's decisions are scraped from a metrics port of its own; replicas would share the config's port.
+    metrics_port = free_port() if arm in KV_ARMS and variant.proxies == 1 else None
     config = proxy_config(arm, pools, shared_compute=args.shared_compute, metrics_port=metrics_port)
-    server = proxy.start(config, run_dir, f"{arm}-{run}", model=pools.model, timeout_s=600)
+    if variant.redis:
+        config["router_settings"] |= {"redis_host": "127.0.0.1", "redis_port": args.redis_port}
+    label = f"{arm}-{run}" + ("" if variant == ONE else f"-{variant.label[1:]}")
+    servers = proxy.start_replicas(config, run_dir, label, model=pools.model, count=variant.proxies, timeout_s=600)
+    server = servers[0]
     metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     decisions_before: dict[str, float] = {}
     try:
         time.sleep(1.0)  # discovery, KV event subscriptions and the load scraper catch up
-        asyncio.run(warm_up(server.base_url, server.key, pools, words=args.warm_up_words))
+        for each in servers:
+            asyncio.run(warm_up(each.base_url, each.key, pools, words=args.warm_up_words))
         time.sleep(0.5)  # the warm-up's in-flight entries end
         asyncio.run(reset_prefix_caches(pools.all))
         time.sleep(0.5)  # the AllBlocksCleared events reach the router
         before = asyncio.run(read_counters(pools.all))
         if metrics_port is not None:
             decisions_before = asyncio.run(scrape_decisions(metrics_url))
-        results, _ = asyncio.run(loadgen.run(schedule, arm=Arm(cast(ArmName, arm), {}), base_url=server.base_url,
-                                             key=server.key, model=pools.model, workers=len(pools.decode),
+        results, _ = asyncio.run(loadgen.run(schedule, arm=Arm(cast(ArmName, arm), {}),
+                                             base_url=[each.base_url for each in servers], key=server.key,
+                                             model=pools.model, workers=len(pools.decode),
                                              max_tokens=args.max_tokens))
         after = asyncio.run(read_counters(pools.all))
         decisions = {}
@@ -422,7 +436,8 @@ def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argpars
             print(f"{arm} (run {run}) decisions: " + ", ".join(f"{k}={v:.3g}" for k, v in decisions.items()),
                   flush=True)
     finally:
-        server.close()
+        for each in servers:
+            each.close()
     row = figures(arm, run, results, pools, before, after)
     return dataclasses.replace(row, decisions=decisions), results
 
@@ -551,6 +566,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--proxies", default="1",
+                   help="comma-separated proxy replica counts, each arm through each (the oracle through none); N r "
+                        "(e.g. 2r): N replicas sharing a redis-server the benchmark starts (LiteLLM's router_settings)")
     p.add_argument("--shared-compute", type=float,
                    help="the KV arms' disaggregation.shared_compute, 0-1 (default: for vllm, the share by which the "
                         "one-thread engines outnumber this machine's cores, as `litellm-disagg up` computes it: 1/3 "
@@ -560,6 +578,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name, value in DEFAULTS[args.backend].items():
         if getattr(args, name) is None:
             setattr(args, name, value)
+    try:
+        args.variants = [Variant.parse(n) for n in args.proxies.split(",")]
+    except ValueError:
+        raise SystemExit("--proxies takes counts >= 1, each optionally followed by r (with Redis)") from None
     args.warm_up_words = 600 if args.backend == "sim" else 250
     if args.shared_compute is None:
         args.shared_compute = 0.0 if args.backend == "sim" else shared_compute_share(
@@ -607,21 +629,24 @@ def main(argv: list[str] | None = None) -> list[PDFigures]:
     schedule = workloads.build(args.workload, shape, seed=args.seed)
     pools = start(args, run_dir)
     rows: list[PDFigures] = []
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(pools.close)
+        args.redis_port = (stack.enter_context(redis_server(run_dir / "redis"))
+                           if any(v.redis for v in args.variants) else None)
         for run in range(args.first_run, args.first_run + args.runs):
             for arm in run_order(arms, run):
-                print(f"[run {run}] {arm} ...", flush=True)
-                rows.append(run_arm(arm, run, schedule, pools, args, run_dir))
+                for variant in args.variants if arm != "pd_oracle" else [ONE]:
+                    print(f"[run {run}] {arm} {variant.label} ...", flush=True)
+                    rows.append(run_arm(arm, run, schedule, pools, args, run_dir, variant))
             print(table([r for r in rows if r.run == run]), flush=True)
-    finally:
-        pools.close()
     kind = "simulated workers" if args.backend == "sim" else f"vLLM CPU workers ({pools.model})"
     title = (f"{args.workload}: {schedule.requests} requests at {args.rate:g}/s, {args.prefill}P+{args.decode}D "
              f"{kind}, {args.runs} runs")
     print(f"\n{title}\n{ranges_table(rows)}")
     stem = out / (f"serving_pd_{args.workload}" if args.backend == "sim" else f"serving_pd_vllm_{args.workload}")
     stem.with_suffix(".json").write_text(json.dumps(
-        {"meta": {k: v for k, v in vars(args).items() if k != "out"}, "runs": [dataclasses.asdict(r) for r in rows]},
+        {"meta": {k: v for k, v in vars(args).items() if k not in ("out", "variants")},
+         "runs": [dataclasses.asdict(r) for r in rows]},
         indent=2))
     plot(rows, title, stem.with_suffix(".png"))
     print(f"wrote {stem}.json and {stem}.png", flush=True)

@@ -27,28 +27,7 @@ from bench.serving import __main__ as serving
 from bench.serving import arms as arms_mod
 from bench.serving import cli, report, workloads
 from bench.serving.redis_server import redis_server
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """How many replicas, and whether they share a Redis (LiteLLM's ``router_settings.redis_host``/``redis_port``:
-    LiteLLM's own state such as ``least-busy``'s counts, and litellm-disagg's in-flight exchange)."""
-
-    proxies: int
-    redis: bool = False
-
-    @classmethod
-    def parse(cls, text: str) -> Variant:
-        """``2`` or ``2r`` (with Redis)."""
-        redis = text.endswith("r")
-        count = int(text[:-1] if redis else text)
-        if count < 1:
-            raise ValueError(text)
-        return cls(count, redis)
-
-    @property
-    def label(self) -> str:
-        return f"x{self.proxies}" + ("+redis" if self.redis else "")
+from bench.serving.variants import Variant
 
 
 @dataclasses.dataclass(frozen=True)
