@@ -186,11 +186,10 @@ class SharedInflight:
         self._last_ok: float | None = None
         self._warned_at: float | None = None
         self._distrusted: set[str] = set()
+        """Fields skipped in the last exchange (each logged once while it stays bad)."""
         self._task: asyncio.Task[None] | None = None
         self._owned: Any = None
         """A client of its own (``redis_url``), closed on stop; LiteLLM's is LiteLLM's to close."""
-        self.exchanges = 0
-        """Successful exchanges (for tests and the log)."""
 
     @classmethod
     def for_router(cls, settings: SharedInflightSettings, router: Any, accounting: Accounting) -> SharedInflight | None:
@@ -253,11 +252,10 @@ class SharedInflight:
         others, bad = parse_others(flat)
         for field in bad:
             if field not in self._distrusted:
-                self._distrusted.add(field)
                 logger.warning("shared in-flight: replica %r's entry has figures that are not counts; skipped", field)
+        self._distrusted = set(bad)  # only the fields present now: a writer rotating names cannot grow it
         self.accounting.set_others(others)
         self._last_ok = now
-        self.exchanges += 1
         m.SHARED_INFLIGHT_UP.set(1)
         m.SHARED_INFLIGHT_REPLICAS.set(len(flat) // 2)
         m.SHARED_INFLIGHT_REQUESTS.set(sum(f.requests for f in others.values()))
