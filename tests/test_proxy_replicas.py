@@ -13,10 +13,16 @@ About 40-70 s on 2 loaded cores, most of it the two proxies' start.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
+from pathlib import Path
 
 import httpx
+import pytest
 import yaml
+from prometheus_client import CollectorRegistry, multiprocess
 from prometheus_client.parser import text_string_to_metric_families
+from redis.asyncio import Redis
 
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.runtime_config import WorkerRole
@@ -242,3 +248,93 @@ async def _until_metric(port: int, name: str, at_least: float) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"{name} on :{port} never reached {at_least}")
+
+
+def routed_by_process(multiproc_dir: Path) -> dict[str, float]:
+    """``litellm_disagg_requests_total`` per proxy process, read from prometheus_client's per-process files (one
+    ``counter_<pid>.db`` each; the proxy's own exposition sums them)."""
+    counts: dict[str, float] = {}
+    for db in multiproc_dir.glob("counter_*.db"):
+        with tempfile.TemporaryDirectory() as one:
+            shutil.copy(db, one)
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry, path=one)
+            counts[db.stem.removeprefix("counter_")] = sum(
+                s.value for f in registry.collect() for s in f.samples if s.name == "litellm_disagg_requests_total")
+    return counts
+
+
+async def test_proxy_processes_of_one_proxy_share_in_flight_counts_through_redis(tmp_path):
+    """``litellm --num_workers 2``: two processes behind one port, each with its own router and plugin. With LiteLLM's
+    Redis both join the exchange under their own replica ids, so whichever process takes a request sees the stream
+    the other one is running: while it runs, every short request (on a fresh connection, so the kernel hands them
+    to either process) goes to the other worker. Without the exchange the process that did not route the stream
+    sees two idle workers and sends every other request to the busy one."""
+    registry_dir = tmp_path / "registry"
+    multiproc = tmp_path / "prometheus"
+    multiproc.mkdir()
+    port = free_port()
+    slow = fast_settings(timing={"speedup": 1.0})  # 400 tokens stream for about 8 s
+    with redis_server(tmp_path / "redis") as redis_port:
+        async with SimCluster(registry=FileRegistry(registry_dir), settings=slow, heartbeat_interval_s=0.2,
+                              name="shared-inflight-processes") as sim:
+            proxy: ProxyProc | None = None
+            try:
+                await sim.start(decode=2)
+                workers = sim.workers_with(WorkerRole.DECODE)
+                path = tmp_path / "proxy.yaml"
+                path.write_text(yaml.safe_dump(shared_inflight_config(str(registry_dir), port, redis_port),
+                                               sort_keys=False))
+                proxy = ProxyProc(registry_dir, tmp_path, config=path, args=["--num_workers", "2"],
+                                  env={"PROMETHEUS_MULTIPROC_DIR": str(multiproc)}).start()
+                await asyncio.to_thread(proxy.wait_ready, MODEL, 300)
+                store = Redis(host="127.0.0.1", port=redis_port)
+                try:
+                    for _ in range(600):  # both processes write their field
+                        if await store.hlen("litellm_disagg:inflight") == 2:
+                            break
+                        await asyncio.sleep(0.05)
+                    else:
+                        raise AssertionError(f"fields in Redis: {await store.hkeys('litellm_disagg:inflight')}")
+                finally:
+                    await store.aclose()
+
+                headers = {"Authorization": f"Bearer {MASTER_KEY}", "Connection": "close"}
+                async with httpx.AsyncClient(timeout=120) as client:
+                    before = finished(workers)
+                    async with client.stream("POST", f"{proxy.url}/v1/chat/completions", headers=headers, json={
+                        "model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}],
+                        "max_tokens": 400, "stream": True, "temperature": 0,
+                    }) as stream:
+                        assert stream.status_code == 200
+                        lines = stream.aiter_lines()
+                        async for line in lines:
+                            if line.startswith("data:"):
+                                break  # the stream is in flight on one worker
+                        # the process that did not route it has read it from Redis (livemax over the processes)
+                        await _until_metric(port, "litellm_disagg_shared_inflight_requests", 1)
+                        streaming = [w for w in workers if w.engine.scheduler.num_running]
+                        assert len(streaming) == 1, [w.engine.scheduler.num_running for w in workers]
+                        stream_process = {pid for pid, n in routed_by_process(multiproc).items() if n}
+                        short: list[str] = []
+                        while len(short) < 40:
+                            r = await client.post(f"{proxy.url}/v1/chat/completions", headers=headers, json={
+                                "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+                            assert r.status_code == 200, r.text
+                            after = finished(workers)
+                            [ran_on] = [w for w, n in after.items() if n > before[w]]
+                            before = after
+                            short.append(ran_on)
+                            routed = routed_by_process(multiproc)
+                            others = [n for pid, n in routed.items() if pid not in stream_process]
+                            if len(short) >= 6 and others and min(others) >= 3:
+                                break  # the process without the stream has taken 3 or more of them
+                        else:
+                            pytest.fail(f"the kernel gave every short request to one process: {routed}")
+                        assert streaming[0].worker_id not in short, (
+                            f"short requests went to {short}; the stream runs on {streaming[0].worker_id}")
+                        async for _line in lines:
+                            pass
+            finally:
+                if proxy is not None:
+                    await asyncio.to_thread(proxy.stop)

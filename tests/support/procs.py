@@ -111,6 +111,8 @@ class ProxyProc:
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment for the proxy (e.g. ``LITELLM_DISAGG_WORKER_API_KEY``)."""
+    args: list[str] = field(default_factory=list)
+    """Extra ``proxy_cli`` arguments (e.g. ``--num_workers 2``)."""
 
     @property
     def url(self) -> str:
@@ -123,7 +125,7 @@ class ProxyProc:
     def start(self) -> ProxyProc:
         env = dict(os.environ, LITELLM_MASTER_KEY=MASTER_KEY, LITELLM_LOCAL_MODEL_COST_MAP="True",
                    LITELLM_DISAGG_REGISTRY_DIR=str(self.registry_dir), **{"LITELLM_DISAGG_LOG_LEVEL": "INFO", **self.env})
-        argv = [sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(self.config), "--host", "127.0.0.1", "--port", str(self.port)]
+        argv = [sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(self.config), "--host", "127.0.0.1", "--port", str(self.port), *self.args]
         self.proc = spawn(argv, env=env, log=self.log, cwd=str(ROOT))
         return self
 
