@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from bench.serving import probe_report
 from bench.serving.loadgen import RequestResult
@@ -45,3 +46,30 @@ def test_summary_splits_proxy_in_by_stage_and_counts_lag_and_events(tmp_path):
 def test_machine_line_attributes_what_the_known_processes_did_not_use():
     line = probe_report.machine_line((100.0, 50.0), (130.0, 70.0), proxy_s=10.0, workers_s=3.0, client_s=2.0)
     assert "busy 30.0 s, idle 20.0 s" in line and "everything else 15.0" in line
+
+
+def test_late_wake_ups_are_split_into_time_on_a_core_in_the_run_queue_and_blocked(tmp_path):
+    path = tmp_path / "probe.jsonl"
+    lines = [
+        {"lag": 0.020, "t": 10.5, "span": 0.022, "on_cpu": 0.015, "runqueue": 0.004},
+        {"lag": 0.008, "t": 11.0, "span": 0.010, "on_cpu": 0.001, "runqueue": 0.007},
+        {"lag": 0.002, "t": 11.5, "span": 0.004, "on_cpu": 0.002, "runqueue": 0.0},  # under 5 ms: not split
+    ]
+    path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    text = probe_report.summary("kv_aware", path, [], [], (9.5, 19.5), {}, {})
+    assert ("the 2 wake-ups >5 ms late span 32 ms of the loop thread: on a core 16 ms (running callbacks), "
+            "runnable without a core 11 ms (the OS), neither 5 ms") in text
+    assert "the 5 latest (lag / on a core / run queue, ms): 20 / 15 / 4, 8 / 1 / 7" in text
+
+
+def test_schedstat_reads_the_calling_threads_time_on_a_core():
+    from bench.serving.probe import _SchedStat
+
+    stat = _SchedStat.of_this_thread()
+    first = stat.read()
+    assert first is not None, "no /proc/<pid>/task/<tid>/schedstat on this kernel"
+    deadline = time.thread_time() + 0.05
+    while time.thread_time() < deadline:  # 50 ms of this thread's CPU
+        pass
+    on_cpu, runqueue = stat.read()
+    assert on_cpu - first[0] >= 40e6 and runqueue >= first[1]

@@ -10,7 +10,9 @@ Per request (named by the ``user`` the load generator sends), on the machine's m
                               thread's CPU seconds in between (``time.thread_time``)
     pre_api     LiteLLM is about to send it to the worker
 
-and, every 2 ms, how late a ``sleep`` woke up (the event loop's lag): samples over 1 ms are written with their time.
+and, every 2 ms, how late a ``sleep`` woke up (the event loop's lag): samples over 1 ms are written with their time
+and, from the loop thread's ``schedstat``, how much of that span the thread spent on a core (running callbacks) and
+runnable in the run queue (waiting for the OS to give it a core); the rest it was blocked (the GIL, a blocking call).
 Once a second it also writes the process's threads (native id -> name), for per-thread CPU from ``/proc``, and the
 KV event messages received so far; every garbage collection is written with its length.
 
@@ -105,13 +107,22 @@ class Probe(CustomLogger):
     async def _lag_loop(self) -> None:
         period = 0.002
         last_flush = time.monotonic()
+        stat = _SchedStat.of_this_thread()
         while True:
             before = time.monotonic()
+            was = stat.read()
             await asyncio.sleep(period)
             now = time.monotonic()
             lag = now - before - period
             if lag > 0.001:
-                self.pending.append(json.dumps({"lag": lag, "t": now}))
+                item: dict[str, float] = {"lag": lag, "t": now, "span": now - before}
+                if was is not None and (is_ := stat.read()) is not None:
+                    # Where the loop thread's time went while it should have been waking: on a core (running
+                    # callbacks), in the run queue (runnable, no core given: the OS), or neither (blocked: the GIL,
+                    # a blocking call, or the wait itself).
+                    item["on_cpu"] = (is_[0] - was[0]) / 1e9
+                    item["runqueue"] = (is_[1] - was[1]) / 1e9
+                self.pending.append(json.dumps(item))
             if not self._wrapped_app:
                 self._wrap_app()
             if now - last_flush > 1.0:
@@ -205,6 +216,30 @@ class Probe(CustomLogger):
         if record is not None and "pre_api" not in record:
             record["pre_api"] = time.monotonic()
             self.pending.append(json.dumps(record))
+
+
+class _SchedStat:
+    """The calling thread's ``/proc/thread-self/schedstat``: nanoseconds on a core, nanoseconds runnable in the run
+    queue (waiting for a core), time slices. Read with ``pread`` on a kept descriptor (about 5 µs)."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    @classmethod
+    def of_this_thread(cls) -> _SchedStat:
+        try:
+            return cls(os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY))
+        except OSError:
+            return cls(None)
+
+    def read(self) -> tuple[int, int] | None:
+        if self.fd is None:
+            return None
+        try:
+            on_cpu, runqueue, _slices = os.pread(self.fd, 128, 0).split()
+            return int(on_cpu), int(runqueue)
+        except (OSError, ValueError):
+            return None
 
 
 handler = Probe()

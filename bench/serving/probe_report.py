@@ -62,6 +62,7 @@ def summary(arm: str, path: Path, results: Sequence[RequestResult], traces: Sequ
             window: tuple[float, float], threads_before: dict[int, float], threads_after: dict[int, float]) -> str:
     records: dict[str, dict[str, float]] = {}
     lags: list[float] = []
+    late: list[dict[str, float]] = []
     names: dict[int, str] = {}
     events = [0, 0]
     collections: dict[int, list[float]] = {}
@@ -71,6 +72,8 @@ def summary(arm: str, path: Path, results: Sequence[RequestResult], traces: Sequ
             if "lag" in item:
                 if window[0] <= item["t"] <= window[1]:
                     lags.append(item["lag"] * 1e3)
+                    if item["lag"] > 0.005 and "on_cpu" in item:
+                        late.append(item)
             elif "gc" in item:
                 if window[0] <= item["t"] <= window[1]:
                     collections.setdefault(item["gc"], []).append(item["ms"])
@@ -109,6 +112,16 @@ def summary(arm: str, path: Path, results: Sequence[RequestResult], traces: Sequ
                      f">5 ms {sum(x > 5 for x in lags)}, >10 ms {sum(x > 10 for x in lags)}, "
                      f">20 ms {sum(x > 20 for x in lags)}; p50 {percentile(lags, 0.5):.1f}, "
                      f"p99 {percentile(lags, 0.99):.1f}, max {lags[-1]:.1f} ms")
+    if late:
+        span = sum(x["span"] for x in late) * 1e3
+        on_cpu = sum(x["on_cpu"] for x in late) * 1e3
+        runqueue = sum(x["runqueue"] for x in late) * 1e3
+        lines.append(f"  the {len(late)} wake-ups >5 ms late span {span:.0f} ms of the loop thread: on a core "
+                     f"{on_cpu:.0f} ms (running callbacks), runnable without a core {runqueue:.0f} ms (the OS), "
+                     f"neither {span - on_cpu - runqueue:.0f} ms (blocked: the GIL, a blocking call, or idle)")
+        worst = sorted(late, key=lambda x: x["lag"], reverse=True)[:5]
+        lines.append("  the 5 latest (lag / on a core / run queue, ms): " + ", ".join(
+            f"{x['lag'] * 1e3:.0f} / {x['on_cpu'] * 1e3:.0f} / {x['runqueue'] * 1e3:.0f}" for x in worst))
     if collections:
         lines.append("  garbage collections during the load: " + "; ".join(
             f"gen {g}: {len(ms)}, total {sum(ms):.0f} ms, max {max(ms):.1f} ms, >10 ms {sum(x > 10 for x in ms)}"
