@@ -57,8 +57,8 @@ def test_late_wake_ups_are_split_into_time_on_a_core_in_the_run_queue_and_blocke
     ]
     path.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     text = probe_report.summary("kv_aware", path, [], [], (9.5, 19.5), {}, {})
-    assert ("the 2 wake-ups >5 ms late span 32 ms of the loop thread: on a core 16 ms (running callbacks), "
-            "runnable without a core 11 ms (the OS), neither 5 ms") in text
+    assert ("the 2 wake-ups >5 ms late span 32 ms of the loop thread (4 ms asked-for sleep, 28 ms late): on a core "
+            "16 ms (running callbacks), runnable without a core 11 ms (the OS), neither 5 ms") in text
     assert "the 5 latest (lag / on a core / run queue, ms): 20 / 15 / 4, 8 / 1 / 7" in text
 
 

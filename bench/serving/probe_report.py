@@ -116,9 +116,11 @@ def summary(arm: str, path: Path, results: Sequence[RequestResult], traces: Sequ
         span = sum(x["span"] for x in late) * 1e3
         on_cpu = sum(x["on_cpu"] for x in late) * 1e3
         runqueue = sum(x["runqueue"] for x in late) * 1e3
-        lines.append(f"  the {len(late)} wake-ups >5 ms late span {span:.0f} ms of the loop thread: on a core "
-                     f"{on_cpu:.0f} ms (running callbacks), runnable without a core {runqueue:.0f} ms (the OS), "
-                     f"neither {span - on_cpu - runqueue:.0f} ms (blocked: the GIL, a blocking call, or idle)")
+        asleep = sum(x["span"] - x["lag"] for x in late) * 1e3
+        lines.append(f"  the {len(late)} wake-ups >5 ms late span {span:.0f} ms of the loop thread ({asleep:.0f} ms "
+                     f"asked-for sleep, {span - asleep:.0f} ms late): on a core {on_cpu:.0f} ms (running callbacks), "
+                     f"runnable without a core {runqueue:.0f} ms (the OS), neither {span - on_cpu - runqueue:.0f} ms "
+                     f"(idle in the sleep, or blocked: the GIL, a blocking call)")
         worst = sorted(late, key=lambda x: x["lag"], reverse=True)[:5]
         lines.append("  the 5 latest (lag / on a core / run queue, ms): " + ", ".join(
             f"{x['lag'] * 1e3:.0f} / {x['on_cpu'] * 1e3:.0f} / {x['runqueue'] * 1e3:.0f}" for x in worst))
