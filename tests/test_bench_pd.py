@@ -134,3 +134,19 @@ def test_decision_summary_is_one_arms_means_from_two_scrapes():
         "predicted_remote_n": 6, "predicted_remote_mean_s": 0.5, "ttft_disaggregated_n": 3,
         "ttft_disaggregated_mean_s": 2.0, "local:cost_model": 3, "fit:tokens_per_second:prefill": 400.0,
     }
+
+
+def test_replicas_summary_adds_the_replicas_decisions_and_keeps_each_ones_fitted_lines():
+    before = [{"prefill_cost_estimate_seconds:remote:sum": 1.0, "prefill_cost_estimate_seconds:remote:count": 2},
+              {"prefill_cost_estimate_seconds:remote:sum": 0.0, "prefill_cost_estimate_seconds:remote:count": 0}]
+    after = [{"prefill_cost_estimate_seconds:remote:sum": 3.0, "prefill_cost_estimate_seconds:remote:count": 4,
+              "local:cost_model": 2, "fit:overhead_seconds:local": 0.03},
+             {"prefill_cost_estimate_seconds:remote:sum": 2.0, "prefill_cost_estimate_seconds:remote:count": 4,
+              "local:cost_model": 5, "fit:overhead_seconds:local": 0.08}]
+    summary = pd.replicas_summary(before, after)
+    assert summary["predicted_remote_n"] == 6 and summary["predicted_remote_mean_s"] == pytest.approx(4 / 6)
+    assert summary["local:cost_model"] == 7
+    assert summary["fit:overhead_seconds:local#0"] == 0.03 and summary["fit:overhead_seconds:local#1"] == 0.08
+    assert summary["predicted_remote_n#0"] == 2 and summary["local:cost_model#1"] == 5
+    assert "fit:overhead_seconds:local" not in summary  # no replica's line stands for all of them
+    assert pd.replicas_summary(before[:1], after[:1]) == pd.decision_summary(before[0], after[0])

@@ -269,6 +269,27 @@ def decision_summary(before: dict[str, float], after: dict[str, float]) -> dict[
     return summary
 
 
+def replicas_summary(before: list[dict[str, float]], after: list[dict[str, float]]) -> dict[str, float]:
+    """``decision_summary`` over several replicas: counts and sums added up, then the means; each replica's fitted
+    lines and local-prefill reasons under its index (``fit:...#1``), as they are its own. One replica: unchanged."""
+    if len(after) == 1:
+        return decision_summary(before[0], after[0])
+    def added(scrapes: list[dict[str, float]]) -> dict[str, float]:
+        total: dict[str, float] = {}
+        for scrape in scrapes:
+            for key, value in scrape.items():
+                if not key.startswith("fit:"):
+                    total[key] = total.get(key, 0.0) + value
+        return total
+
+    summary = decision_summary(added(before), added(after))
+    for i, (b, a) in enumerate(zip(before, after, strict=True)):
+        for key, value in decision_summary(b, a).items():
+            if key.startswith(("fit:", "local:")) or key.endswith("_n"):
+                summary[f"{key}#{i}"] = value
+    return summary
+
+
 async def run_oracle(schedule: Schedule, pools: Pools, *, max_tokens: int) -> tuple[list[RequestResult], float]:
     """The client as router: sticky placement per prefix key in both pools, remote the first time a key is seen."""
     p_place, d_place = Placement("oracle", len(pools.prefill)), Placement("oracle", len(pools.decode))
@@ -404,16 +425,17 @@ def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argpars
         results, _ = asyncio.run(run_oracle(schedule, pools, max_tokens=args.max_tokens))
         after = asyncio.run(read_counters(pools.all))
         return figures(arm, run, results, pools, before, after), results
-    # One proxy's decisions are scraped from a metrics port of its own; replicas would share the config's port.
-    metrics_port = free_port() if arm in KV_ARMS and variant.proxies == 1 else None
-    config = proxy_config(arm, pools, shared_compute=args.shared_compute, metrics_port=metrics_port)
+    # Each KV replica serves its decisions on a metrics port of its own.
+    metrics_ports = [free_port() for _ in range(variant.proxies)] if arm in KV_ARMS else None
+    config = proxy_config(arm, pools, shared_compute=args.shared_compute)
     if variant.redis:
         config["router_settings"] |= {"redis_host": "127.0.0.1", "redis_port": args.redis_port}
     label = f"{arm}-{run}" + ("" if variant == ONE else f"-{variant.label[1:]}")
-    servers = proxy.start_replicas(config, run_dir, label, model=pools.model, count=variant.proxies, timeout_s=600)
+    servers = proxy.start_replicas(config, run_dir, label, model=pools.model, count=variant.proxies, timeout_s=600,
+                                   metrics_ports=metrics_ports)
     server = servers[0]
-    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    decisions_before: dict[str, float] = {}
+    metrics_urls = [f"http://127.0.0.1:{port}/metrics" for port in metrics_ports or []]
+    decisions_before: list[dict[str, float]] = []
     try:
         time.sleep(1.0)  # discovery, KV event subscriptions and the load scraper catch up
         for each in servers:
@@ -422,17 +444,17 @@ def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argpars
         asyncio.run(reset_prefix_caches(pools.all))
         time.sleep(0.5)  # the AllBlocksCleared events reach the router
         before = asyncio.run(read_counters(pools.all))
-        if metrics_port is not None:
-            decisions_before = asyncio.run(scrape_decisions(metrics_url))
+        if metrics_urls:
+            decisions_before = [asyncio.run(scrape_decisions(url)) for url in metrics_urls]
         results, _ = asyncio.run(loadgen.run(schedule, arm=Arm(cast(ArmName, arm), {}),
                                              base_url=[each.base_url for each in servers], key=server.key,
                                              model=pools.model, workers=len(pools.decode),
                                              max_tokens=args.max_tokens))
         after = asyncio.run(read_counters(pools.all))
-        decisions = {}
-        if metrics_port is not None:
+        decisions: dict[str, float] = {}
+        if metrics_urls:
             time.sleep(0.5)  # the last requests' TTFT and ends are recorded
-            decisions = decision_summary(decisions_before, asyncio.run(scrape_decisions(metrics_url)))
+            decisions = replicas_summary(decisions_before, [asyncio.run(scrape_decisions(url)) for url in metrics_urls])
             print(f"{arm} (run {run}) decisions: " + ", ".join(f"{k}={v:.3g}" for k, v in decisions.items()),
                   flush=True)
     finally:

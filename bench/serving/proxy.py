@@ -49,10 +49,19 @@ def start(config: dict[str, Any], run_dir: Path, name: str, *, model: str, timeo
 
 
 def start_replicas(config: dict[str, Any], run_dir: Path, name: str, *, model: str, count: int,
-                   timeout_s: float = 180) -> list[Proxy]:
-    """``count`` proxies on the same config and master key (replicas behind one address), started together."""
-    path = run_dir / f"proxy-{name}.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
+                   timeout_s: float = 180, metrics_ports: list[int] | None = None) -> list[Proxy]:
+    """``count`` proxies on the same config and master key (replicas behind one address), started together.
+    ``metrics_ports``: one per replica, each serving that replica's plugin metrics (``litellm_disagg.metrics.port``)."""
+    if metrics_ports is not None and len(metrics_ports) != count:
+        raise ValueError(f"{len(metrics_ports)} metrics ports for {count} replicas")
+    paths: list[Path] = []
+    for i in range(count):
+        own = config
+        if metrics_ports is not None:
+            own = {**config, "litellm_disagg": {**config.get("litellm_disagg", {}), "metrics": {"port": metrics_ports[i]}}}
+        path = run_dir / (f"proxy-{name}.yaml" if count == 1 or metrics_ports is None else f"proxy-{name}-{i}.yaml")
+        path.write_text(yaml.safe_dump(own, sort_keys=False))
+        paths.append(path)
     key = f"sk-bench-{secrets.token_hex(8)}"
     env = dict(os.environ, LITELLM_MASTER_KEY=key, LITELLM_LOCAL_MODEL_COST_MAP="True", LITELLM_LOG="ERROR")
     proxies: list[Proxy] = []
@@ -60,7 +69,7 @@ def start_replicas(config: dict[str, Any], run_dir: Path, name: str, *, model: s
         for i in range(count):
             port = free_port()
             log = run_dir / (f"proxy-{name}.log" if count == 1 else f"proxy-{name}-{i}.log")
-            proc = spawn([sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(path), "--host",
+            proc = spawn([sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(paths[i]), "--host",
                           "127.0.0.1", "--port", str(port)], env=env, log=log)
             proxies.append(Proxy(f"http://127.0.0.1:{port}", key, proc, log))
         for proxy in proxies:
