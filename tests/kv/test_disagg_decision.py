@@ -305,6 +305,37 @@ def test_one_size_fit_can_keep_the_prior_rate() -> None:
     assert fast.estimate() == LinearEstimate(overhead_s=0.0, tokens_per_s=pytest.approx(2000.0))
 
 
+def test_sizes_too_close_for_their_timing_noise_count_as_one_size() -> None:
+    """A proxy replica's first local first tokens (seen on 2026-12-06, 4 replicas over 4P+4D simulated workers): 4
+    and 8 tokens, 52-72 ms. Least squares put 2.7 ms on each token (about 400 tokens/s, on workers that prefill
+    20,000): a cold 2,077-token prompt priced locally at 5.6 s, so the replica never prefilled locally again in its
+    run. The slope's standard error (1.8 ms per token) is 36 times the prior's 0.05: they count as one size."""
+    prior = LinearEstimate(overhead_s=0.0, tokens_per_s=20_000.0)
+    fit = OnlineLinearFit(prior, halflife_observations=50, one_size="overhead")
+    for tokens, seconds in ((4, 0.0665), (4, 0.0518), (8, 0.0682), (8, 0.0722)):
+        fit.observe(tokens, seconds)
+    line = fit.estimate()
+    assert line.tokens_per_s == 20_000.0 and line.overhead_s == pytest.approx(0.0644, abs=1e-3)
+    assert line.seconds(2077) < 0.2
+
+    d = DisaggDecider(DisaggDecisionSettings())
+    for tokens, queued, seconds in ((4, 0, 0.0665), (4, 0, 0.0518), (4, 4, 0.0682), (4, 4, 0.0722)):
+        d.observe_first_token(local=True, tokens=tokens, seconds=seconds, queued_tokens=queued)
+    _remote, local = d.costs(DisaggInputs(prompt_tokens=2077))
+    assert local < 1.0  # 0.48 s: the measured wait plus the prior rate and the stall charge (it was 5.6 s)
+
+
+def test_a_slope_the_observations_pin_down_is_fitted_even_far_from_the_prior() -> None:
+    """A worker ten times slower than the prior, seen over prompts of 100 to 2,000 tokens with 5 ms of noise: its
+    own rate, not the prior's."""
+    fit = OnlineLinearFit(LinearEstimate(0.0, 20_000.0), halflife_observations=50, one_size="overhead")
+    noise = [0.005, -0.004, 0.002, -0.005, 0.003, 0.0, -0.002, 0.004]
+    for i, tokens in enumerate((100, 2000, 500, 1500, 1000, 300, 1800, 800)):
+        fit.observe(tokens, 0.03 + tokens / 2000 + noise[i])
+    line = fit.estimate()
+    assert line.tokens_per_s == pytest.approx(2000, rel=0.05) and line.overhead_s == pytest.approx(0.03, abs=0.01)
+
+
 # -- a path priced on a few slow observations is tried again (issue 13 item 2) ----------------------------------------
 
 # The decode worker holds most of the prompt: at the priors it stays local (local ~35 ms against remote ~85 ms).

@@ -116,12 +116,17 @@ class OnlineLinearFit:
       observations are faster than it) and the rate that puts the line through their weighted mean; with
       ``one_size="overhead"``, the prior rate and the overhead that puts the line through the mean instead (for a
       line whose rate is known from elsewhere and whose observations add a fixed wait: the first-token lines);
-    - observations of varied sizes (coefficient of variation of at least ``MIN_SPREAD``): the fitted line (flat when
-      size does not matter, through the origin when the fit's overhead would be negative).
+    - observations of varied sizes (coefficient of variation of at least ``MIN_SPREAD``) that pin the slope down (its
+      standard error at most ``MAX_SLOPE_ERROR`` times the prior's seconds per token): the fitted line (flat when
+      size does not matter, through the origin when the fit's overhead would be negative); sizes that vary too
+      little for their timing's noise count as one size (above). Without that test, four first tokens of 4 and 8
+      prompt tokens, 52-72 ms each, fitted 360 tokens/s on a worker that prefills 20,000: a 2,000-token prompt priced
+      at 5.6 s kept a proxy replica off local prefill for its whole run (docs/benchmarks.md, "Four replicas").
     """
 
     MIN_SPREAD = 0.1
     MIN_OBSERVATIONS = 3
+    MAX_SLOPE_ERROR = 1.0
 
     def __init__(
         self,
@@ -134,7 +139,7 @@ class OnlineLinearFit:
         self.one_size = one_size
         self.decay = 0.5 ** (1.0 / halflife_observations)
         self.observations = 0
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._w = self._x = self._y = self._xx = self._xy = self._yy = 0.0
 
     def observe(self, tokens: float, seconds: float, *, weight: float = 1.0) -> None:
         """One observation; with ``weight``, that many observations of this size and duration in a row (a batch
@@ -149,6 +154,7 @@ class OnlineLinearFit:
         self._y = self._y * keep + added * seconds
         self._xx = self._xx * keep + added * tokens * tokens
         self._xy = self._xy * keep + added * tokens * seconds
+        self._yy = self._yy * keep + added * seconds * seconds
         self.observations += 1
 
     def fade(self, factor: float) -> None:
@@ -160,13 +166,14 @@ class OnlineLinearFit:
         self._y *= factor
         self._xx *= factor
         self._xy *= factor
+        self._yy *= factor
         if self._w <= 0.0:
             self.reset()
 
     def reset(self) -> None:
         """Forget every observation: the prior again."""
         self.observations = 0
-        self._w = self._x = self._y = self._xx = self._xy = 0.0
+        self._w = self._x = self._y = self._xx = self._xy = self._yy = 0.0
 
     def estimate(self, prior: LinearEstimate | None = None) -> LinearEstimate:
         """The current line; ``prior`` replaces ``self.prior`` for this call (a prior that follows another line)."""
@@ -176,7 +183,8 @@ class OnlineLinearFit:
         w = self._w
         mean_x, mean_y = self._x / w, self._y / w
         var_x = max(0.0, self._xx / w - mean_x * mean_x)
-        if self.observations >= self.MIN_OBSERVATIONS and var_x > (self.MIN_SPREAD * mean_x) ** 2:
+        if (self.observations >= self.MIN_OBSERVATIONS and var_x > (self.MIN_SPREAD * mean_x) ** 2
+                and self._slope_error(w, mean_x, mean_y, var_x) <= self.MAX_SLOPE_ERROR / prior.tokens_per_s):
             slope = (self._xy / w - mean_x * mean_y) / var_x
             if slope <= _MIN_SECONDS_PER_TOKEN:  # size does not matter: all overhead
                 return LinearEstimate(overhead_s=mean_y, tokens_per_s=1.0 / _MIN_SECONDS_PER_TOKEN)
@@ -195,6 +203,16 @@ class OnlineLinearFit:
         intercept = min(prior.overhead_s, mean_y)
         slope = max((mean_y - intercept) / mean_x, _MIN_SECONDS_PER_TOKEN)
         return LinearEstimate(overhead_s=intercept, tokens_per_s=1.0 / slope)
+
+
+    def _slope_error(self, w: float, mean_x: float, mean_y: float, var_x: float) -> float:
+        """The least-squares slope's standard error (seconds per token), the weights counted as observations;
+        infinite with two or fewer, where a line fits any points."""
+        if w <= 2.0:
+            return math.inf
+        cov = self._xy / w - mean_x * mean_y
+        residual = max(0.0, self._yy / w - mean_y * mean_y - cov * cov / var_x)
+        return math.sqrt(residual / (var_x * (w - 2.0)))
 
 
 def toward(prior: LinearEstimate, line: LinearEstimate, weight: float) -> LinearEstimate:
