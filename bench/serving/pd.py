@@ -470,8 +470,9 @@ async def warm_up(base_url: str, key: str, pools: Pools, *, rounds: int = 2, wor
     every worker, its tokenizer's first prompts and the orchestrator's first prefills are behind it (without it, the
     first two or three measured requests of the KV arms took 0.9-1.1 s, 300-400 ms of it before the prefill and as
     much between the prefill and the decode, and set the arms' p99). Not measured; the prefix caches are emptied
-    after it."""
-    rng = random.Random("pd-warm-up")
+    after it. Each proxy its own prompts: with the same ones, every replica after the first found them held by a
+    decode worker and prefilled 4 tokens locally, which is not the warm-up it was meant to be."""
+    rng = random.Random(f"pd-warm-up {base_url}")
     async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
 
         async def one(i: int) -> None:
