@@ -274,6 +274,7 @@ def replicas_summary(before: list[dict[str, float]], after: list[dict[str, float
     lines and local-prefill reasons under its index (``fit:...#1``), as they are its own. One replica: unchanged."""
     if len(after) == 1:
         return decision_summary(before[0], after[0])
+
     def added(scrapes: list[dict[str, float]]) -> dict[str, float]:
         total: dict[str, float] = {}
         for scrape in scrapes:

@@ -204,7 +204,6 @@ class OnlineLinearFit:
         slope = max((mean_y - intercept) / mean_x, _MIN_SECONDS_PER_TOKEN)
         return LinearEstimate(overhead_s=intercept, tokens_per_s=1.0 / slope)
 
-
     def _slope_error(self, w: float, mean_x: float, mean_y: float, var_x: float) -> float:
         """The least-squares slope's standard error (seconds per token), the weights counted as observations;
         infinite with two or fewer, where a line fits any points."""
