@@ -242,6 +242,17 @@ async def test_replicas_sharing_litellms_redis_count_each_others_requests_in_fli
                     await asyncio.to_thread(p.stop)
 
 
+async def _settled(port: int, *, idle: list[str]) -> None:
+    """The proxy's processes count nothing in flight on ``idle`` workers, and the most any of them hears from the
+    others through Redis is the one stream."""
+    for _ in range(600):
+        own = [await proxy_metric(port, "litellm_disagg_worker_inflight_requests", worker=w) for w in idle]
+        if not any(own) and await proxy_metric(port, "litellm_disagg_shared_inflight_requests") == 1:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"in-flight counts on :{port} never settled")
+
+
 async def _until_metric(port: int, name: str, at_least: float) -> None:
     for _ in range(600):
         if await proxy_metric(port, name) >= at_least:
@@ -274,7 +285,9 @@ async def test_proxy_processes_of_one_proxy_share_in_flight_counts_through_redis
     multiproc = tmp_path / "prometheus"
     multiproc.mkdir()
     port = free_port()
-    slow = fast_settings(timing={"speedup": 1.0})  # 400 tokens stream for about 8 s
+    # 400 tokens stream for about 80 s: longer than the short requests below take on a loaded machine (at 8 s, one
+    # CI run's stream had ended by the fourth); the stream is cut when the test has its answer.
+    slow = fast_settings(timing={"speedup": 0.1})
     with redis_server(tmp_path / "redis") as redis_port:
         async with SimCluster(registry=FileRegistry(registry_dir), settings=slow, heartbeat_interval_s=0.2,
                               name="shared-inflight-processes") as sim:
@@ -318,6 +331,10 @@ async def test_proxy_processes_of_one_proxy_share_in_flight_counts_through_redis
                         stream_process = {pid for pid, n in routed_by_process(multiproc).items() if n}
                         short: list[str] = []
                         while len(short) < 40:
+                            # Each request after the last one's end has reached both processes' counts (its own
+                            # at once, the other's within an exchange or two): back to back, a process could still
+                            # count the last short request on the other worker, tie, and take the stream's.
+                            await _settled(port, idle=[w.worker_id for w in workers if w is not streaming[0]])
                             r = await client.post(f"{proxy.url}/v1/chat/completions", headers=headers, json={
                                 "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
                             assert r.status_code == 200, r.text
@@ -325,6 +342,7 @@ async def test_proxy_processes_of_one_proxy_share_in_flight_counts_through_redis
                             [ran_on] = [w for w, n in after.items() if n > before[w]]
                             before = after
                             short.append(ran_on)
+                            assert streaming[0].engine.scheduler.num_running, f"the stream ended after {short}"
                             routed = routed_by_process(multiproc)
                             others = [n for pid, n in routed.items() if pid not in stream_process]
                             if len(short) >= 6 and others and min(others) >= 3:
@@ -333,8 +351,6 @@ async def test_proxy_processes_of_one_proxy_share_in_flight_counts_through_redis
                             pytest.fail(f"the kernel gave every short request to one process: {routed}")
                         assert streaming[0].worker_id not in short, (
                             f"short requests went to {short}; the stream runs on {streaming[0].worker_id}")
-                        async for _line in lines:
-                            pass
             finally:
                 if proxy is not None:
                     await asyncio.to_thread(proxy.stop)
