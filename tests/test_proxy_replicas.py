@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
@@ -167,6 +169,22 @@ async def test_a_second_proxy_replica_routes_to_the_holder_from_its_own_kv_subsc
                 await asyncio.to_thread(p.stop)
 
 
+@asynccontextmanager
+async def long_stream(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> AsyncIterator[AsyncIterator[str]]:
+    """A 400-token chat stream through the proxy at ``url``, read up to its first data line (its call is in flight);
+    the rest of its lines, to read or to drop (leaving the block cuts the stream)."""
+    async with client.stream("POST", f"{url}/v1/chat/completions", headers=headers, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}],
+        "max_tokens": 400, "stream": True, "temperature": 0,
+    }) as stream:
+        assert stream.status_code == 200
+        lines = stream.aiter_lines()
+        async for line in lines:
+            if line.startswith("data:"):
+                break
+        yield lines
+
+
 def shared_inflight_config(registry_dir: str, metrics_port: int, redis_port: int) -> dict:
     """Least-inflight routing (no KV routing, so no /metrics scrape shows a replica the other's requests), with the
     Redis LiteLLM's ``router_settings`` name for its replicas, which the in-flight exchange uses too."""
@@ -213,15 +231,7 @@ async def test_replicas_sharing_litellms_redis_count_each_others_requests_in_fli
                 headers = {"Authorization": f"Bearer {MASTER_KEY}"}
                 async with httpx.AsyncClient(timeout=120) as client:
                     before = finished(workers)
-                    async with client.stream("POST", f"{proxies['A'].url}/v1/chat/completions", headers=headers, json={
-                        "model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}],
-                        "max_tokens": 400, "stream": True, "temperature": 0,
-                    }) as stream:
-                        assert stream.status_code == 200
-                        lines = stream.aiter_lines()
-                        async for line in lines:
-                            if line.startswith("data:"):
-                                break  # A's call is in flight
+                    async with long_stream(client, proxies["A"].url, headers) as lines:  # A's call in flight
                         await _until_metric(ports["B"], "litellm_disagg_shared_inflight_requests", 1)
                         r = await client.post(f"{proxies['B'].url}/v1/chat/completions", headers=headers, json={
                             "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
@@ -315,15 +325,7 @@ async def test_proxy_processes_of_one_proxy_share_in_flight_counts_through_redis
                 headers = {"Authorization": f"Bearer {MASTER_KEY}", "Connection": "close"}
                 async with httpx.AsyncClient(timeout=120) as client:
                     before = finished(workers)
-                    async with client.stream("POST", f"{proxy.url}/v1/chat/completions", headers=headers, json={
-                        "model": MODEL, "messages": [{"role": "user", "content": "Tell me a long story."}],
-                        "max_tokens": 400, "stream": True, "temperature": 0,
-                    }) as stream:
-                        assert stream.status_code == 200
-                        lines = stream.aiter_lines()
-                        async for line in lines:
-                            if line.startswith("data:"):
-                                break  # the stream is in flight on one worker
+                    async with long_stream(client, proxy.url, headers):  # in flight on one worker
                         # the process that did not route it has read it from Redis (livemax over the processes)
                         await _until_metric(port, "litellm_disagg_shared_inflight_requests", 1)
                         streaming = [w for w in workers if w.engine.scheduler.num_running]
