@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from litellm_disagg.observability.tracing import RequestTracing
     from litellm_disagg.planner.loop import PlannerLoop
     from litellm_disagg.routing.kv.router import KVRouter
+    from litellm_disagg.routing.kv.shared_estimates import SharedEstimates
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +122,13 @@ class DisaggController:
         self.pool_metrics = PoolMetrics()
         if self.kv is not None:  # the scraped NIXL counters feed the transfer metrics too
             self.kv.scraper.on_transfers = self.pool_metrics.also_count_transfers(self.kv.scraper.on_transfers)
+        self.shared_estimates: SharedEstimates | None = None
+        """The decision's measurements pooled with the other replicas' (``routing/kv/shared_estimates.py``)."""
+        if self.shared_inflight is not None and self.kv is not None and settings.shared_inflight.estimates:
+            from litellm_disagg.routing.kv.shared_estimates import SharedEstimates
+
+            self.shared_estimates = SharedEstimates(self.kv.decider, self.shared_inflight.client,
+                                                    settings.shared_inflight, replica=self.shared_inflight.replica)
         self._tasks: list[asyncio.Task[None]] = []
         self.pool_changed = asyncio.Event()
         self.planner_loop: PlannerLoop | None = None
@@ -131,6 +139,8 @@ class DisaggController:
         self.keep_installed()
         if self.shared_inflight is not None:
             self.shared_inflight.start()
+        if self.shared_estimates is not None:
+            self.shared_estimates.start()
         self._tasks = [asyncio.create_task(self._watch(), name="litellm-disagg-watch"),
                        asyncio.create_task(self._keep(), name="litellm-disagg-keeper")]
         if self.settings.planner.enabled:  # the dynamic planner (planner/loop.py); one acts across proxies (its lock)
@@ -147,6 +157,8 @@ class DisaggController:
         if self.planner_loop is not None:
             await self.planner_loop.stop()
             self.planner_loop = None
+        if self.shared_estimates is not None:  # before the in-flight exchange, which may close the client
+            await self.shared_estimates.stop()
         if self.shared_inflight is not None:
             await self.shared_inflight.stop()
         if self.kv is not None:

@@ -3,8 +3,8 @@
 Each replica counts only the requests it sent (``accounting.py``). Behind one address, N replicas each see 1/N of
 the traffic: until a worker's own ``/metrics`` shows the others' requests (a scrape interval later, and never a
 decode whose prompt is still being prefilled elsewhere), a replica can pile new work onto a worker the others just
-loaded. So every ``interval_s`` each replica, in one round trip (a Lua script on one hash key, so a Redis Cluster
-serves it too):
+loaded. So every ``interval_s`` each replica, in one round trip (``redis_exchange.py``: a Lua script on one hash
+key, so a Redis Cluster serves it too):
 
 - writes its own per-worker totals (``Accounting.own_totals``) under its replica id, stamped with Redis's clock;
 - reads the other replicas' fields, dropping (and deleting) those older than ``ttl_s``: a replica that died stops
@@ -26,10 +26,7 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
@@ -37,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from litellm_disagg.observability import metrics as m
 from litellm_disagg.routing.accounting import Accounting, WorkerFlights
+from litellm_disagg.routing.redis_exchange import RedisExchange, replica_id, router_redis
 from litellm_disagg.tasks import cancel
 
 logger = logging.getLogger(__name__)
@@ -44,30 +42,6 @@ logger = logging.getLogger(__name__)
 MAX_FIGURE = 1 << 40
 """A figure above this (requests, tokens or blocks on one worker) is not believed."""
 
-_EXCHANGE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], ARGV[1], string.format('%d', now) .. ' ' .. ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ttl * 4)
-local out = {}
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local field, value = all[i], all[i + 1]
-  if field ~= ARGV[1] then
-    local stamp, totals = string.match(value, '^(%d+) (.*)$')
-    if stamp == nil or now - tonumber(stamp) > ttl then
-      redis.call('HDEL', KEYS[1], field)
-    else
-      out[#out + 1] = field
-      out[#out + 1] = totals
-    end
-  end
-end
-return out
-"""
-"""KEYS[1]: the hash; ARGV: this replica's id, its totals (JSON), ``ttl_s`` in ms. Returns the other live replicas'
-fields and totals, flat."""
 
 
 class SharedInflightSettings(BaseModel):
@@ -85,16 +59,23 @@ class SharedInflightSettings(BaseModel):
     """How often a replica publishes its totals and reads the others'."""
     ttl_s: Annotated[float, Field(gt=0)] = 2.0
     """A replica not heard from for this long no longer counts (it died, or cannot reach Redis)."""
+    estimates: bool = True
+    """With KV routing, also pool the local-or-remote prefill decision's measurements (``kv/shared_estimates.py``):
+    each replica then fits its cost lines on every replica's observations, not on its own share of them."""
+    estimates_key: Annotated[str, Field(min_length=1)] = "litellm_disagg:estimates"
+    estimates_interval_s: Annotated[float, Field(gt=0)] = 1.0
+    """How often a replica publishes its measurements and reads the others' (they move over many requests)."""
+
+    @property
+    def estimates_ttl_s(self) -> float:
+        """A replica's measurements count this long after it last published them."""
+        return max(self.ttl_s, 3 * self.estimates_interval_s)
 
     @model_validator(mode="after")
     def _ttl_spans_intervals(self) -> SharedInflightSettings:
         if self.ttl_s < 2 * self.interval_s:
             raise ValueError("shared_inflight.ttl_s must be at least twice interval_s")
         return self
-
-
-def replica_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 def encode(totals: dict[str, WorkerFlights]) -> str:
@@ -112,15 +93,14 @@ def _figures(value: Any) -> WorkerFlights | None:
     return WorkerFlights(*value)
 
 
-def parse_others(flat: list[Any]) -> tuple[dict[str, WorkerFlights], list[str]]:
-    """The script's flat reply -> the other replicas' totals summed per worker, and the replicas whose field was
+def parse_others(entries: list[tuple[str, str]]) -> tuple[dict[str, WorkerFlights], list[str]]:
+    """The other replicas' ``(field, totals)`` -> their totals summed per worker, and the replicas whose field was
     skipped whole or in part (unreadable, or a figure that is not a count)."""
     summed: dict[str, list[int]] = {}
     bad: list[str] = []
-    for i in range(0, len(flat) - 1, 2):
-        field = _text(flat[i])
+    for field, payload in entries:
         try:
-            totals = json.loads(_text(flat[i + 1]))
+            totals = json.loads(payload)
         except ValueError:
             bad.append(field)
             continue
@@ -143,26 +123,6 @@ def parse_others(flat: list[Any]) -> tuple[dict[str, WorkerFlights], list[str]]:
     return {wid: WorkerFlights(*v) for wid, v in summed.items()}, bad
 
 
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def router_redis(router: Any) -> Callable[[], Any | None]:
-    """The LiteLLM router's async Redis client, once it has one (LiteLLM may attach its Redis after the plugin
-    starts: ``litellm_settings.cache``), then kept; None until then."""
-    held: list[Any] = []
-
-    def client() -> Any | None:
-        if not held:
-            cache = getattr(getattr(router, "cache", None), "redis_cache", None)
-            if cache is None:
-                return None
-            held.append(cache.init_async_client())
-        return held[0]
-
-    return client
-
-
 class SharedInflight:
     """One replica's side of the exchange (see the module's docstring)."""
 
@@ -176,13 +136,13 @@ class SharedInflight:
         clock: Callable[[], float] = time.monotonic,
     ):
         self.accounting = accounting
-        self._client = client
+        self.client = client
         """Returns the Redis client, or None while there is none yet (LiteLLM may attach its Redis later)."""
         self.settings = settings
         self.replica = replica or replica_id()
         self._clock = clock
-        self._script: Any = None
-        self._script_client: Any = None
+        self._hash = RedisExchange(client, key=settings.key, replica=self.replica, ttl_s=settings.ttl_s,
+                                   timeout_s=max(settings.ttl_s / 2, settings.interval_s))
         self._last_ok: float | None = None
         self._warned_at: float | None = None
         self._distrusted: set[str] = set()
@@ -214,10 +174,7 @@ class SharedInflight:
     async def stop(self) -> None:
         task, self._task = self._task, None
         await cancel([task])
-        client = self._client()
-        if client is not None:  # leave at once rather than after ttl_s
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.hdel(self.settings.key, self.replica), timeout=1.0)
+        await self._hash.leave()
         if self._owned is not None:
             with contextlib.suppress(Exception):
                 await self._owned.aclose()
@@ -233,23 +190,13 @@ class SharedInflight:
         """One round trip: publish this replica's totals, take the others'. False when Redis could not be used."""
         now = self._clock()
         try:
-            client = self._client()
-            if client is None:
-                raise RuntimeError("no Redis: name one in router_settings (redis_host, redis_port) or shared_inflight.redis_url")
-            if self._script is None or self._script_client is not client:
-                self._script, self._script_client = client.register_script(_EXCHANGE), client
-            flat = await asyncio.wait_for(
-                self._script(keys=[self.settings.key],
-                             args=[self.replica, encode(self.accounting.own_totals()), int(self.settings.ttl_s * 1000)]),
-                timeout=max(self.settings.ttl_s / 2, self.settings.interval_s),
-            )
+            entries = await self._hash.swap(encode(self.accounting.own_totals()))
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._failed(now, exc)
             return False
-        flat = list(flat or [])
-        others, bad = parse_others(flat)
+        others, bad = parse_others(entries)
         for field in bad:
             if field not in self._distrusted:
                 logger.warning("shared in-flight: replica %r's entry has figures that are not counts; skipped", field)
@@ -257,7 +204,7 @@ class SharedInflight:
         self.accounting.set_others(others)
         self._last_ok = now
         m.SHARED_INFLIGHT_UP.set(1)
-        m.SHARED_INFLIGHT_REPLICAS.set(len(flat) // 2)
+        m.SHARED_INFLIGHT_REPLICAS.set(len(entries))
         m.SHARED_INFLIGHT_REQUESTS.set(sum(f.requests for f in others.values()))
         return True
 

@@ -78,10 +78,10 @@ def test_the_other_replicas_totals_count_in_every_read_but_the_replicas_own_metr
 
 def test_an_entry_whose_figures_are_not_counts_is_skipped():
     good = encode({"w1": WorkerFlights(2, 10, 1, 0)})
-    flat = [b"r1", good.encode(), b"r2", b'{"w1": [-1, 0, 0, 0], "w2": [1, 0, 0, 0], "w3": "x", "w4": [1, 2]}',
-            b"r3", b"not json", b"r4", b"[1, 2]", b"r5", b'{"w1": [1.5, 0, 0, 0], "w5": [99999999999999999, 0, 0, 0]}',
-            b"r6", b'{"w1": [1, 0, 0, 0]}']
-    others, bad = parse_others(flat)
+    entries = [("r1", good), ("r2", '{"w1": [-1, 0, 0, 0], "w2": [1, 0, 0, 0], "w3": "x", "w4": [1, 2]}'),
+               ("r3", "not json"), ("r4", "[1, 2]"), ("r5", '{"w1": [1.5, 0, 0, 0], "w5": [99999999999999999, 0, 0, 0]}'),
+               ("r6", '{"w1": [1, 0, 0, 0]}')]
+    others, bad = parse_others(entries)
     assert others == {"w1": WorkerFlights(3, 10, 1, 0), "w2": WorkerFlights(1, 0, 0, 0)}
     assert bad == ["r2", "r3", "r4", "r5"]
 

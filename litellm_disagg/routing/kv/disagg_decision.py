@@ -86,7 +86,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from litellm_disagg.routing.kv.settings import DisaggDecisionSettings
-from litellm_disagg.routing.kv.stall_fit import StallFit
+from litellm_disagg.routing.kv.stall_fit import GapMoments, StallFit
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +108,25 @@ class LinearEstimate:
         return self.overhead_s + max(0.0, tokens) / self.tokens_per_s
 
 
+@dataclass(frozen=True, slots=True)
+class LineMoments:
+    """A fit's weighted sums (weight, Σx, Σy, Σx², Σxy, Σy²) and its observation count: what it publishes to the other
+    proxy replicas, and what theirs add to its own (``OnlineLinearFit.others``). Sums of several fits' moments are
+    the moments of all their observations together."""
+
+    w: float = 0.0
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+    yy: float = 0.0
+    observations: int = 0
+
+    def __add__(self, other: LineMoments) -> LineMoments:
+        return LineMoments(self.w + other.w, self.x + other.x, self.y + other.y, self.xx + other.xx,
+                           self.xy + other.xy, self.yy + other.yy, self.observations + other.observations)
+
+
 class OnlineLinearFit:
     """Exponentially weighted least squares of ``seconds`` on ``tokens``, falling back on a prior line.
 
@@ -122,6 +141,9 @@ class OnlineLinearFit:
       little for their timing's noise count as one size (above). Without that test, four first tokens of 4 and 8
       prompt tokens, 52-72 ms each, fitted 360 tokens/s on a worker that prefills 20,000: a 2,000-token prompt priced
       at 5.6 s kept a proxy replica off local prefill for its whole run (docs/benchmarks.md, "Four replicas").
+
+    ``others``: the other proxy replicas' moments of the same line (``shared_estimates.py``), added to this fit's own
+    in every estimate. ``observe``, ``fade`` and ``reset`` change only this replica's own.
     """
 
     MIN_SPREAD = 0.1
@@ -139,7 +161,17 @@ class OnlineLinearFit:
         self.one_size = one_size
         self.decay = 0.5 ** (1.0 / halflife_observations)
         self.observations = 0
+        """This replica's own observations (calls to ``observe``); ``pooled_observations`` adds the others'."""
         self._w = self._x = self._y = self._xx = self._xy = self._yy = 0.0
+        self.others: LineMoments | None = None
+
+    @property
+    def pooled_observations(self) -> int:
+        return self.observations + (self.others.observations if self.others is not None else 0)
+
+    def moments(self) -> LineMoments:
+        """This replica's own moments (never the others': each replica publishes only what it observed)."""
+        return LineMoments(self._w, self._x, self._y, self._xx, self._xy, self._yy, self.observations)
 
     def observe(self, tokens: float, seconds: float, *, weight: float = 1.0) -> None:
         """One observation; with ``weight``, that many observations of this size and duration in a row (a batch
@@ -178,19 +210,21 @@ class OnlineLinearFit:
     def estimate(self, prior: LinearEstimate | None = None) -> LinearEstimate:
         """The current line; ``prior`` replaces ``self.prior`` for this call (a prior that follows another line)."""
         prior = self.prior if prior is None else prior
-        if self.observations == 0:
+        m = self.moments() if self.others is None else self.moments() + self.others
+        if m.observations == 0 or m.w <= 0.0:
             return prior
-        w = self._w
-        mean_x, mean_y = self._x / w, self._y / w
-        var_x = max(0.0, self._xx / w - mean_x * mean_x)
-        if (self.observations >= self.MIN_OBSERVATIONS and var_x > (self.MIN_SPREAD * mean_x) ** 2
-                and self._slope_error(w, mean_x, mean_y, var_x) <= self.MAX_SLOPE_ERROR / prior.tokens_per_s):
-            slope = (self._xy / w - mean_x * mean_y) / var_x
+        w = m.w
+        mean_x, mean_y = m.x / w, m.y / w
+        var_x = max(0.0, m.xx / w - mean_x * mean_x)
+        cov = m.xy / w - mean_x * mean_y
+        if (m.observations >= self.MIN_OBSERVATIONS and var_x > (self.MIN_SPREAD * mean_x) ** 2
+                and _slope_error(m, mean_y, var_x, cov) <= self.MAX_SLOPE_ERROR / prior.tokens_per_s):
+            slope = cov / var_x
             if slope <= _MIN_SECONDS_PER_TOKEN:  # size does not matter: all overhead
                 return LinearEstimate(overhead_s=mean_y, tokens_per_s=1.0 / _MIN_SECONDS_PER_TOKEN)
             intercept = mean_y - slope * mean_x
             if intercept < 0.0:  # no overhead to speak of: the line through the origin
-                slope = max(self._xy / self._xx, _MIN_SECONDS_PER_TOKEN)
+                slope = max(m.xy / m.xx, _MIN_SECONDS_PER_TOKEN)
                 return LinearEstimate(overhead_s=0.0, tokens_per_s=1.0 / slope)
             return LinearEstimate(overhead_s=intercept, tokens_per_s=1.0 / slope)
         if mean_x <= 0.0:
@@ -204,14 +238,14 @@ class OnlineLinearFit:
         slope = max((mean_y - intercept) / mean_x, _MIN_SECONDS_PER_TOKEN)
         return LinearEstimate(overhead_s=intercept, tokens_per_s=1.0 / slope)
 
-    def _slope_error(self, w: float, mean_x: float, mean_y: float, var_x: float) -> float:
-        """The least-squares slope's standard error (seconds per token), the weights counted as observations;
-        infinite with two or fewer, where a line fits any points."""
-        if w <= 2.0:
-            return math.inf
-        cov = self._xy / w - mean_x * mean_y
-        residual = max(0.0, self._yy / w - mean_y * mean_y - cov * cov / var_x)
-        return math.sqrt(residual / (var_x * (w - 2.0)))
+
+def _slope_error(m: LineMoments, mean_y: float, var_x: float, cov: float) -> float:
+    """The least-squares slope's standard error (seconds per token), the weights counted as observations; infinite
+    with two or fewer, where a line fits any points."""
+    if m.w <= 2.0:
+        return math.inf
+    residual = max(0.0, m.yy / m.w - mean_y * mean_y - cov * cov / var_x)
+    return math.sqrt(residual / (var_x * (m.w - 2.0)))
 
 
 def toward(prior: LinearEstimate, line: LinearEstimate, weight: float) -> LinearEstimate:
@@ -256,6 +290,22 @@ class DisaggEstimates:
     decode_time_weight_fitted: bool = False
     streak: PathStreak | None = None
     """The latest requests sent one way in a row: the other way's lines are aged by them (the module's docstring)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeciderMoments:
+    """One replica's observations, as sums (``DisaggDecider.moments``): published to the other replicas, and theirs
+    summed (``+``) for ``DisaggDecider.set_others``."""
+
+    prefill: LineMoments = LineMoments()
+    transfer: LineMoments = LineMoments()
+    local: LineMoments = LineMoments()
+    remote_tail: LineMoments = LineMoments()
+    stall: GapMoments = GapMoments()
+
+    def __add__(self, other: DeciderMoments) -> DeciderMoments:
+        return DeciderMoments(self.prefill + other.prefill, self.transfer + other.transfer, self.local + other.local,
+                              self.remote_tail + other.remote_tail, self.stall + other.stall)
 
 
 @dataclass(frozen=True)
@@ -425,12 +475,12 @@ class DisaggDecider:
             decode_time_weight_fitted=fitted,
             prefill=prefill,
             transfer=transfer,
-            prefill_observations=self.prefill.observations,
-            transfer_observations=self.transfer.observations,
+            prefill_observations=self.prefill.pooled_observations,
+            transfer_observations=self.transfer.pooled_observations,
             local=local,
             remote_tail=remote_tail,
-            local_observations=self.local.observations,
-            remote_tail_observations=self.remote_tail.observations,
+            local_observations=self.local.pooled_observations,
+            remote_tail_observations=self.remote_tail.pooled_observations,
             streak=None if streak is None else PathStreak(streak.remote, streak.requests),
         )
 
@@ -451,6 +501,22 @@ class DisaggDecider:
     def _local_prior(self, prefill: LinearEstimate) -> LinearEstimate:
         """Until local prefills are observed: the prefill line's rate at ``local_prefill_speed``, no overhead."""
         return LinearEstimate(0.0, prefill.tokens_per_s * self.settings.local_prefill_speed)
+
+    # -- other proxy replicas (``shared_estimates.py``) ---------------------------------------------------------------
+
+    def moments(self) -> DeciderMoments:
+        """What this replica observed itself: every line's moments and the stall fit's gap sums."""
+        return DeciderMoments(
+            prefill=self.prefill.moments(), transfer=self.transfer.moments(), local=self.local.moments(),
+            remote_tail=self.remote_tail.moments(), stall=self.stall.moments(),
+        )
+
+    def set_others(self, others: DeciderMoments | None) -> None:
+        """The other replicas' moments, summed (None: none, or not known): every estimate adds them to this
+        replica's own, so N replicas each fit on all N's observations instead of a Nth of them."""
+        for name, fit in self._lines():
+            fit.others = None if others is None else getattr(others, name)
+        self.stall.others = None if others is None else others.stall
 
     # -- decision -----------------------------------------------------------------------------------------------------
 
@@ -488,7 +554,7 @@ class DisaggDecider:
         lacking_remote = max(0, inputs.prompt_tokens - inputs.prefill_cached_tokens)
         lacking_local = max(0, inputs.prompt_tokens - inputs.decode_cached_tokens)
         remote = inputs.prefill_queued_tokens / prefill.tokens_per_s + prefill.seconds(lacking_remote)
-        if self.remote_tail.observations:  # measured: the pull and the first step on the decode worker
+        if self.remote_tail.pooled_observations:  # measured: the pull and the first step on the decode worker
             remote += remote_tail.seconds(lacking_local)
         elif lacking_local > 0:
             remote += transfer.seconds(lacking_local)

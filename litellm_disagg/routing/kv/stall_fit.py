@@ -9,7 +9,9 @@ tokens instead of ``P / base``, a delay of ``P x (1 - base / during)``. So::
     decode_time_weight = 1 - base / during        (0 when prefills do not slow decoding; near 1 when they stop it)
 
 ``base`` and ``during`` are exponentially weighted means of the gaps (``halflife_gaps``); until each rests on
-``min_gaps`` gaps the weight is the configured prior. Pure: gaps in, a weight out; the caller classifies each gap
+``min_gaps`` gaps the weight is the configured prior. Through several proxy replicas, each adds the others' gaps
+(``others``): a replica sees a gap "during" a prefill only when both the stream and the prefill are its own, so alone
+each of 4 replicas saw 10-32 such gaps in a run where one proxy saw 372-434. Pure: gaps in, a weight out; the caller classifies each gap
 (``decode_watch.py``: did the worker prefill a prompt locally at any time within the gap?).
 """
 
@@ -17,6 +19,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class GapMoments:
+    """The fit's sums: per kind of gap, its decayed weight, weighted total and count. What a proxy replica publishes
+    to the others (``shared_estimates.py``); sums of several replicas' are the moments of all their gaps."""
+
+    base_weight: float = 0.0
+    base_total: float = 0.0
+    base_count: int = 0
+    during_weight: float = 0.0
+    during_total: float = 0.0
+    during_count: int = 0
+
+    def __add__(self, other: GapMoments) -> GapMoments:
+        return GapMoments(
+            self.base_weight + other.base_weight, self.base_total + other.base_total, self.base_count + other.base_count,
+            self.during_weight + other.during_weight, self.during_total + other.during_total,
+            self.during_count + other.during_count,
+        )
 
 
 @dataclass(frozen=True)
@@ -54,6 +76,13 @@ class StallFit:
         self._decay = 0.5 ** (1.0 / halflife_gaps)
         self._base = _Ewma(self._decay)
         self._during = _Ewma(self._decay)
+        self.others: GapMoments | None = None
+        """The other proxy replicas' gaps (``shared_estimates.py``), added to this fit's own in ``estimate``."""
+
+    def moments(self) -> GapMoments:
+        """This replica's own gaps (never the others')."""
+        b, d = self._base, self._during
+        return GapMoments(b.weight, b.mean * b.weight, b.count, d.weight, d.mean * d.weight, d.count)
 
     def observe(self, gap_s: float, *, during_prefill: bool) -> None:
         """One inter-token gap of a running request; ``during_prefill``: its worker prefilled a prompt meanwhile."""
@@ -70,8 +99,10 @@ class StallFit:
         return self._base.count + self._during.count
 
     def estimate(self) -> StallEstimate:
-        base, during = self._base.value(), self._during.value()
+        m = self.moments() if self.others is None else self.moments() + self.others
+        base = m.base_total / m.base_weight if m.base_count and m.base_weight > 0.0 else None
+        during = m.during_total / m.during_weight if m.during_count and m.during_weight > 0.0 else None
         weight = None
-        if self._base.count >= self.min_gaps and self._during.count >= self.min_gaps and base is not None and during:
+        if m.base_count >= self.min_gaps and m.during_count >= self.min_gaps and base is not None and during:
             weight = min(1.0, max(0.0, 1.0 - base / during))
-        return StallEstimate(weight, base, during, self._base.count, self._during.count)
+        return StallEstimate(weight, base, during, m.base_count, m.during_count)
