@@ -76,12 +76,17 @@ def test_pooled_gaps_measure_the_stall_no_replica_can_alone() -> None:
 def test_a_replica_without_remote_prefills_prices_them_on_the_others() -> None:
     seen, unseen = _observed(PREFILLS), DisaggDecider(SETTINGS)
     inputs = DisaggInputs(prompt_tokens=2000)
+    # Transfers come from the decode workers' counters, which every replica scrapes itself: never pooled (each
+    # replica would count every transfer N times).
+    seen.observe_transfers(transfers=4, seconds=0.08, tokens=4000)
+    unseen.observe_transfers(transfers=4, seconds=0.08, tokens=4000)
     alone = unseen.costs(inputs)
     unseen.set_others(parse(encode(seen.moments()), LIMITS))
     assert unseen.estimates().prefill == seen.estimates().prefill
     assert unseen.estimates().prefill_observations == 8
+    assert unseen.estimates().transfer_observations == 1 and unseen.transfer.others is None
     assert unseen.costs(inputs) == pytest.approx(seen.costs(inputs)) and unseen.costs(inputs) != alone
-    assert unseen.moments() == DeciderMoments()  # it publishes nothing it did not observe
+    assert unseen.moments() == DeciderMoments()  # it publishes nothing it did not observe itself
     unseen.set_others(None)
     assert unseen.costs(inputs) == alone
 

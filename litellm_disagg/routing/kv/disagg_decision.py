@@ -294,17 +294,18 @@ class DisaggEstimates:
 
 @dataclass(frozen=True, slots=True)
 class DeciderMoments:
-    """One replica's observations, as sums (``DisaggDecider.moments``): published to the other replicas, and theirs
-    summed (``+``) for ``DisaggDecider.set_others``."""
+    """One replica's own observations, as sums (``DisaggDecider.moments``): published to the other replicas, and
+    theirs summed (``+``) for ``DisaggDecider.set_others``. The transfer line is not among them: every replica
+    scrapes the same decode workers' NIXL counters, so each already has every transfer (pooled, each would count N
+    times)."""
 
     prefill: LineMoments = LineMoments()
-    transfer: LineMoments = LineMoments()
     local: LineMoments = LineMoments()
     remote_tail: LineMoments = LineMoments()
     stall: GapMoments = GapMoments()
 
     def __add__(self, other: DeciderMoments) -> DeciderMoments:
-        return DeciderMoments(self.prefill + other.prefill, self.transfer + other.transfer, self.local + other.local,
+        return DeciderMoments(self.prefill + other.prefill, self.local + other.local,
                               self.remote_tail + other.remote_tail, self.stall + other.stall)
 
 
@@ -507,15 +508,16 @@ class DisaggDecider:
     def moments(self) -> DeciderMoments:
         """What this replica observed itself: every line's moments and the stall fit's gap sums."""
         return DeciderMoments(
-            prefill=self.prefill.moments(), transfer=self.transfer.moments(), local=self.local.moments(),
-            remote_tail=self.remote_tail.moments(), stall=self.stall.moments(),
+            prefill=self.prefill.moments(), local=self.local.moments(), remote_tail=self.remote_tail.moments(),
+            stall=self.stall.moments(),
         )
 
     def set_others(self, others: DeciderMoments | None) -> None:
         """The other replicas' moments, summed (None: none, or not known): every estimate adds them to this
         replica's own, so N replicas each fit on all N's observations instead of a Nth of them."""
-        for name, fit in self._lines():
-            fit.others = None if others is None else getattr(others, name)
+        self.prefill.others = None if others is None else others.prefill
+        self.local.others = None if others is None else others.local
+        self.remote_tail.others = None if others is None else others.remote_tail
         self.stall.others = None if others is None else others.stall
 
     # -- decision -----------------------------------------------------------------------------------------------------

@@ -1,14 +1,15 @@
 """The local-or-remote prefill decision's measurements, pooled between proxy replicas through Redis.
 
 Each replica fits its cost lines (``disagg_decision.py``) on what it observes itself: its own remote prefills, its own
-requests' first tokens, the inter-token gaps of its own streams. Behind one address, N replicas each see 1/N of
+requests' first tokens, the inter-token gaps of its own streams (the transfer line is fitted from the decode
+workers' own counters, which every replica scrapes: each has all of it, and it is not pooled). Behind one address, N replicas each see 1/N of
 that, and the stall fit far less: a gap counts as "during a prefill" only when the stream and the prefill are the same
 replica's (measured on 4 replicas: 10-32 such gaps per replica in a run where one proxy saw 372-434, and fitted
 weights of 0.01-0.22 against one proxy's 0.06-0.08). A line on a few observations stays near its prior or swings with
 their noise.
 
-So every ``estimates_interval_s`` each replica publishes its own moments (``DisaggDecider.moments``: each line's
-weighted sums, the stall fit's gap sums) and reads the other live replicas' (``redis_exchange.py``, under
+So every ``estimates_interval_s`` each replica publishes its own moments (``DisaggDecider.moments``: the prefill,
+local and remote-tail lines' weighted sums, the stall fit's gap sums) and reads the other live replicas' (``redis_exchange.py``, under
 ``estimates_key``, dropped after ``estimates_ttl_s``); their sum goes to ``DisaggDecider.set_others``, and every
 estimate adds it to the replica's own. Least squares on summed moments is least squares on all the replicas'
 observations. Each replica's own observations keep their forgetting, aging and expiry; the others' count as they
@@ -39,7 +40,8 @@ from litellm_disagg.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
-LINES = ("prefill", "transfer", "local", "remote_tail")
+LINES = ("prefill", "local", "remote_tail")
+"""The lines pooled: each replica's own requests' (the transfer line is scraped from the workers by every replica)."""
 MAX_MEAN_TOKENS = 1e8
 MAX_MEAN_SECONDS = 3600.0
 MAX_COUNT = 1 << 40
