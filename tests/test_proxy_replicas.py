@@ -356,3 +356,47 @@ async def test_proxy_processes_of_one_proxy_share_in_flight_counts_through_redis
             finally:
                 if proxy is not None:
                     await asyncio.to_thread(proxy.stop)
+
+
+async def test_replicas_with_kv_routing_pool_the_decisions_measurements_through_redis(tmp_path):
+    """KV routing and LiteLLM's Redis: both replicas publish the local-or-remote decision's measurements
+    (``routing/kv/shared_estimates.py``), and replica B, which routes nothing, fits its stall charge on the
+    inter-token gaps of A's stream (a replica sees only its own streams' gaps)."""
+    registry_dir = tmp_path / "registry"
+    ports = {"A": free_port(), "B": free_port()}
+    proxies: dict[str, ProxyProc] = {}
+    with redis_server(tmp_path / "redis") as redis_port:
+        async with SimCluster(registry=FileRegistry(registry_dir), settings=fast_settings(), heartbeat_interval_s=0.2,
+                              name="shared-estimates") as sim:
+            try:
+                await sim.start(decode=2)
+                for name, port in ports.items():
+                    config = proxy_config(str(registry_dir), port)
+                    config["router_settings"] |= {"redis_host": "127.0.0.1", "redis_port": redis_port}
+                    config["litellm_disagg"]["shared_inflight"] = {"estimates_interval_s": 0.2}
+                    (tmp_path / name).mkdir()
+                    path = tmp_path / name / "proxy.yaml"
+                    path.write_text(yaml.safe_dump(config, sort_keys=False))
+                    proxies[name] = ProxyProc(registry_dir, tmp_path / name, config=path).start()
+                await asyncio.gather(*(asyncio.to_thread(p.wait_ready, MODEL, 300) for p in proxies.values()))
+                redis = Redis(host="127.0.0.1", port=redis_port)
+                try:
+                    for _ in range(600):  # both replicas publish under the estimates key
+                        if await redis.hlen("litellm_disagg:estimates") == 2:
+                            break
+                        await asyncio.sleep(0.05)
+                    assert await redis.hlen("litellm_disagg:estimates") == 2
+                finally:
+                    await redis.aclose()
+                gaps = "litellm_disagg_cost_model_decode_gaps"
+                assert await proxy_metric(ports["B"], gaps, kind="base") == 0
+                headers = {"Authorization": f"Bearer {MASTER_KEY}"}
+                async with httpx.AsyncClient(timeout=120) as client:
+                    async with long_stream(client, proxies["A"].url, headers) as lines:
+                        async for _line in lines:  # A's stream to its end: hundreds of gaps, all A's own
+                            pass
+                await _until_metric(ports["A"], gaps, 100)
+                await _until_metric(ports["B"], gaps, 100)  # A's gaps, through Redis
+            finally:
+                for p in proxies.values():
+                    await asyncio.to_thread(p.stop)
