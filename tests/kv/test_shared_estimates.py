@@ -9,7 +9,6 @@ import logging
 from unittest.mock import MagicMock
 
 import pytest
-import redis.asyncio as aioredis
 
 from litellm_disagg.routing.controller import DisaggController
 from litellm_disagg.routing.kv.disagg_decision import (
@@ -25,7 +24,7 @@ from litellm_disagg.routing.kv.stall_fit import StallFit
 from litellm_disagg.routing.shared_inflight import SharedInflightSettings
 from litellm_disagg.settings import DisaggSettings
 
-from ..support.redis_server import redis_server
+from ..support.redis_server import redis_fixtures
 
 KEY = "test:estimates"
 SETTINGS = DisaggDecisionSettings()
@@ -140,18 +139,7 @@ def test_the_weight_limit_follows_the_half_life() -> None:
 # -- over a real Redis ------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def redis_port(tmp_path_factory):
-    with redis_server(tmp_path_factory.mktemp("redis")) as port:
-        yield port
-
-
-@pytest.fixture
-async def client(redis_port):
-    c = aioredis.Redis(host="127.0.0.1", port=redis_port)
-    await c.delete(KEY)
-    yield c
-    await c.aclose()
+redis_port, client = redis_fixtures(KEY)
 
 
 def _replica(client, name: str, decider: DisaggDecider) -> SharedEstimates:

@@ -23,25 +23,14 @@ from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.shared_inflight import SharedInflight, SharedInflightSettings, encode, parse_others
 from litellm_disagg.settings import DisaggSettings
 
-from ..support.redis_server import redis_server
+from ..support.redis_server import redis_fixtures, redis_server
 from ..test_routing_units import w
 from .test_route_plan import CHAT, planner
 
 KEY = "test:inflight"
 
 
-@pytest.fixture(scope="module")
-def redis_port(tmp_path_factory):
-    with redis_server(tmp_path_factory.mktemp("redis")) as port:
-        yield port
-
-
-@pytest.fixture
-async def client(redis_port):
-    c = aioredis.Redis(host="127.0.0.1", port=redis_port)
-    await c.delete(KEY)
-    yield c
-    await c.aclose()
+redis_port, client = redis_fixtures(KEY)
 
 
 def replica(client, name: str, *, ttl_s: float = 2.0, clock=None) -> tuple[Accounting, SharedInflight]:

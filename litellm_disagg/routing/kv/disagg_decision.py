@@ -85,6 +85,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from litellm_disagg.routing.kv.moments import add_fields
 from litellm_disagg.routing.kv.settings import DisaggDecisionSettings
 from litellm_disagg.routing.kv.stall_fit import GapMoments, StallFit
 
@@ -122,9 +123,7 @@ class LineMoments:
     yy: float = 0.0
     observations: int = 0
 
-    def __add__(self, other: LineMoments) -> LineMoments:
-        return LineMoments(self.w + other.w, self.x + other.x, self.y + other.y, self.xx + other.xx,
-                           self.xy + other.xy, self.yy + other.yy, self.observations + other.observations)
+    __add__ = add_fields
 
 
 class OnlineLinearFit:
@@ -304,9 +303,7 @@ class DeciderMoments:
     remote_tail: LineMoments = LineMoments()
     stall: GapMoments = GapMoments()
 
-    def __add__(self, other: DeciderMoments) -> DeciderMoments:
-        return DeciderMoments(self.prefill + other.prefill, self.local + other.local,
-                              self.remote_tail + other.remote_tail, self.stall + other.stall)
+    __add__ = add_fields
 
 
 @dataclass(frozen=True)

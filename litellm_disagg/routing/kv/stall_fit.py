@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from litellm_disagg.routing.kv.moments import add_fields
+
 
 @dataclass(frozen=True, slots=True)
 class GapMoments:
@@ -33,12 +35,7 @@ class GapMoments:
     during_total: float = 0.0
     during_count: int = 0
 
-    def __add__(self, other: GapMoments) -> GapMoments:
-        return GapMoments(
-            self.base_weight + other.base_weight, self.base_total + other.base_total, self.base_count + other.base_count,
-            self.during_weight + other.during_weight, self.during_total + other.during_total,
-            self.during_count + other.during_count,
-        )
+    __add__ = add_fields
 
 
 @dataclass(frozen=True)
