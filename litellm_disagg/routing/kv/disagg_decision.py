@@ -162,11 +162,28 @@ class OnlineLinearFit:
         self.observations = 0
         """This replica's own observations (calls to ``observe``); ``pooled_observations`` adds the others'."""
         self._w = self._x = self._y = self._xx = self._xy = self._yy = 0.0
-        self.others: LineMoments | None = None
+        self._others: LineMoments | None = None
+        self._pooled: LineMoments | None = None
+        """Own plus others' moments, kept until either changes (``estimate`` runs several times per decision)."""
+
+    @property
+    def others(self) -> LineMoments | None:
+        return self._others
+
+    @others.setter
+    def others(self, others: LineMoments | None) -> None:
+        self._others, self._pooled = others, None
 
     @property
     def pooled_observations(self) -> int:
-        return self.observations + (self.others.observations if self.others is not None else 0)
+        return self.observations + (self._others.observations if self._others is not None else 0)
+
+    def pooled(self) -> LineMoments:
+        """This replica's moments plus the others'."""
+        if self._pooled is None:
+            own = self.moments()
+            self._pooled = own if self._others is None else own + self._others
+        return self._pooled
 
     def moments(self) -> LineMoments:
         """This replica's own moments (never the others': each replica publishes only what it observed)."""
@@ -187,6 +204,7 @@ class OnlineLinearFit:
         self._xy = self._xy * keep + added * tokens * seconds
         self._yy = self._yy * keep + added * seconds * seconds
         self.observations += 1
+        self._pooled = None
 
     def fade(self, factor: float) -> None:
         """Weigh every observation so far ``factor`` (0 to 1) times as much against the next ones; the line itself
@@ -198,6 +216,7 @@ class OnlineLinearFit:
         self._xx *= factor
         self._xy *= factor
         self._yy *= factor
+        self._pooled = None
         if self._w <= 0.0:
             self.reset()
 
@@ -205,11 +224,12 @@ class OnlineLinearFit:
         """Forget every observation: the prior again."""
         self.observations = 0
         self._w = self._x = self._y = self._xx = self._xy = self._yy = 0.0
+        self._pooled = None
 
     def estimate(self, prior: LinearEstimate | None = None) -> LinearEstimate:
         """The current line; ``prior`` replaces ``self.prior`` for this call (a prior that follows another line)."""
         prior = self.prior if prior is None else prior
-        m = self.moments() if self.others is None else self.moments() + self.others
+        m = self.pooled()
         if m.observations == 0 or m.w <= 0.0:
             return prior
         w = m.w
