@@ -43,7 +43,6 @@ MAX_FIGURE = 1 << 40
 """A figure above this (requests, tokens or blocks on one worker) is not believed."""
 
 
-
 class SharedInflightSettings(BaseModel):
     """``litellm_disagg.shared_inflight`` in ``proxy_config.yaml``."""
 
