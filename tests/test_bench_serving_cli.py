@@ -28,7 +28,21 @@ def test_a_run_directory_is_new_each_time_and_printed(capsys):
     try:
         assert first != second and first.is_dir() and second.is_dir()
         assert first.name.startswith("serving-test-")
-        assert capsys.readouterr().out.splitlines() == [f"logs and configs: {first}", f"logs and configs: {second}"]
+        core = cli.kv_core_line()
+        assert capsys.readouterr().out.splitlines() == [f"logs and configs: {first}", core,
+                                                        f"logs and configs: {second}", core]
     finally:
         first.rmdir()
         second.rmdir()
+
+
+def test_the_run_says_when_the_kv_core_is_not_compiled(monkeypatch):
+    """A clone without ``scripts/build_native.sh`` run in it benchmarks the pure-Python fallback: the run says so."""
+    from litellm_disagg.routing.kv import native
+
+    monkeypatch.setattr(native, "NATIVE", True)
+    monkeypatch.setattr(native, "wire", object())
+    assert cli.kv_core_line() == "KV routing core: compiled"
+    monkeypatch.setattr(native, "NATIVE", False)
+    monkeypatch.setattr(native, "WHY", "not built (No module named '_kvcore')")
+    assert cli.kv_core_line().startswith("KV routing core: PURE PYTHON (not built")

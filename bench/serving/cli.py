@@ -26,10 +26,24 @@ def add_worker_arguments(parser: argparse.ArgumentParser, *, kv_cache_mib: int) 
 
 
 def new_run_dir(prefix: str) -> Path:
-    """A fresh temporary directory for one benchmark run's logs and configs; its path is printed."""
+    """A fresh temporary directory for one benchmark run's logs and configs; its path is printed, and which KV
+    routing core the proxies will run (``kv_core_line``)."""
     run_dir = Path(tempfile.mkdtemp(prefix=prefix))
     print(f"logs and configs: {run_dir}", flush=True)
+    print(kv_core_line(), flush=True)
     return run_dir
+
+
+def kv_core_line() -> str:
+    """Whether this tree's KV routing core is compiled (as ``scripts/setup.sh`` builds it in place) or the pure-Python
+    fallback: a fresh ``git clone`` has no compiled modules (they are built, not tracked), and its proxies then run
+    slower index and event paths than the shipped setup."""
+    from litellm_disagg.routing.kv import native
+
+    if native.NATIVE and native.wire is not None:
+        return "KV routing core: compiled"
+    why = native.WHY or "the KV-event module is not built"
+    return f"KV routing core: PURE PYTHON ({why}): not the path scripts/setup.sh ships; its figures are not comparable"
 
 
 def shape_from_args(args: argparse.Namespace) -> Shape:
