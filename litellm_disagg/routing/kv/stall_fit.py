@@ -63,9 +63,6 @@ class _Ewma:
         self.mean += (value - self.mean) / self.weight
         self.count += 1
 
-    def value(self) -> float | None:
-        return self.mean if self.count else None
-
 
 class StallFit:
     def __init__(self, *, halflife_gaps: float = 200.0, min_gaps: int = 10):
