@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -121,10 +122,9 @@ async def _run(args: argparse.Namespace, settings: Any, registry_settings: Any, 
                 logger.exception("planner step failed; trying again next interval")
             if args.steps is not None and loop.steps >= args.steps:
                 break
-            try:
-                await asyncio.wait_for(stop.wait(), settings.interval_s)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(settings.interval_s):
+                    await stop.wait()
     finally:
         m.PLANNER_ENABLED.set(0)
         await loop.stop()

@@ -97,7 +97,8 @@ class DesiredHook:
             logger.error("planner hook %s could not start: %s", self.command[0], exc)
             return None
         try:
-            out, _ = await asyncio.wait_for(proc.communicate(), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                out, _ = await proc.communicate()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()

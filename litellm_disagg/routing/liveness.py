@@ -42,7 +42,8 @@ async def refuses_connections(worker: RuntimeConfig, *, timeout_s: float = 1.0) 
     host = address.hostname or "127.0.0.1"
     port = address.port or (443 if address.scheme == "https" else 80)
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            _, writer = await asyncio.open_connection(host, port)
     except ConnectionRefusedError:
         return True
     except (TimeoutError, OSError):

@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from ..tasks import raise_if_cancelled
+
 _EXCHANGE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -94,10 +96,9 @@ class RedisExchange:
             raise RuntimeError(NO_REDIS)
         if self._script is None or self._script_client is not client:
             self._script, self._script_client = client.register_script(_EXCHANGE), client
-        flat = list(await asyncio.wait_for(
-            self._script(keys=[self.key], args=[self.replica, payload, int(self.ttl_s * 1000)]),
-            timeout=self.timeout_s,
-        ) or [])
+        async with asyncio.timeout(self.timeout_s):
+            flat = list(await self._script(keys=[self.key], args=[self.replica, payload, int(self.ttl_s * 1000)]) or [])
+        raise_if_cancelled()  # redis-py's own wait_for drops a stop that meets the reply (Python 3.11)
         return [(text(flat[i]), text(flat[i + 1])) for i in range(0, len(flat) - 1, 2)]
 
     async def leave(self) -> None:
@@ -105,4 +106,5 @@ class RedisExchange:
         client = self._client()
         if client is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.hdel(self.key, self.replica), timeout=1.0)
+                async with asyncio.timeout(1.0):
+                    await client.hdel(self.key, self.replica)

@@ -57,7 +57,8 @@ class BootstrapRooms:
         """The prefill side: the room once a decode registered it, or None after ``timeout_s``."""
         found = self._get(room)
         try:
-            await asyncio.wait_for(found.joined.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await found.joined.wait()
         except TimeoutError:
             return None
         return found

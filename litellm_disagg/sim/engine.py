@@ -305,7 +305,8 @@ class SimEngine(BootstrapPush):
                 expiry = self.scheduler.next_lease_expiry()
                 timeout = None if expiry is None else max(expiry - loop.time(), 0.0) + 0.001
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout)
+                    async with asyncio.timeout(timeout):
+                        await self._wake.wait()
                 deadline = loop.time()
                 continue
             if self._traces:

@@ -94,7 +94,8 @@ class BootstrapPush:
                 room = rooms.join(room_id, tuple(req.prompt_token_ids))
                 timeout = self.settings.engine.waiting_timeout_s
                 try:
-                    failure = await asyncio.wait_for(asyncio.shield(room.outcome), timeout)
+                    async with asyncio.timeout(timeout):
+                        failure = await asyncio.shield(room.outcome)
                 except TimeoutError:
                     failure = f"Request {room_id} timed out after {timeout:.1f}s in KVPoll.WaitingForInput"
                     rooms.forget(room_id)

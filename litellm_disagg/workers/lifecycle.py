@@ -293,7 +293,8 @@ class WorkerLifecycle:
         last = self.clock()
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop_heartbeats.wait(), timeout=self.heartbeat_interval_s)
+                async with asyncio.timeout(self.heartbeat_interval_s):
+                    await self._stop_heartbeats.wait()
             if self._stop_heartbeats.is_set():
                 return
             due = self.clock()

@@ -361,7 +361,8 @@ class WorkerWrapper:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         try:
-            await asyncio.wait_for(proc.wait(), timeout=self.lifecycle.stop_timeout_s)
+            async with asyncio.timeout(self.lifecycle.stop_timeout_s):
+                await proc.wait()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from litellm_disagg.routing.accounting import Accounting, FlightKey, WorkerFlights
 from litellm_disagg.routing.pipeline.context import collect_loads
 from litellm_disagg.routing.pool import WorkerPool
+from litellm_disagg.routing.redis_exchange import RedisExchange
 from litellm_disagg.routing.shared_inflight import SharedInflight, SharedInflightSettings, encode, parse_others
 from litellm_disagg.settings import DisaggSettings
 
@@ -195,3 +196,22 @@ async def _until(check, shared: SharedInflight, tries: int = 100) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the other replicas' totals never arrived")
+
+
+async def test_a_stop_that_meets_redis_reply_still_stops_the_exchange():
+    """A cancellation and Redis's reply in the same loop iteration. redis-py 8 sends every command through
+    ``asyncio.wait_for`` (its ``socket_timeout``), which on Python 3.11 returns the reply and drops the cancellation:
+    the exchange loop ran on and its ``stop()`` never returned (a CI run hung). This client does what redis-py does."""
+    reply: asyncio.Future[list[bytes]] = asyncio.get_running_loop().create_future()
+
+    class Client:
+        def register_script(self, _source):
+            return lambda keys, args: asyncio.wait_for(reply, 5.0)
+
+    hash_ = RedisExchange(lambda: Client(), key=KEY, replica="a", ttl_s=1.0, timeout_s=5.0)
+    swap = asyncio.create_task(hash_.swap("{}"))
+    await asyncio.sleep(0)  # the swap awaits the reply
+    reply.set_result([b"b", b"{}"])
+    swap.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await swap

@@ -16,6 +16,7 @@ parsed again, so a directory of thousands of entries costs one ``stat`` each per
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -120,10 +121,9 @@ class FileRegistry:
             if first or current != last:
                 first, last = False, current
                 yield current
-            try:
-                await asyncio.wait_for(self._closed.wait(), timeout=self.poll_interval_s)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_interval_s):
+                    await self._closed.wait()
 
     def _read_role(self, path: Path, worker_id: str) -> RoleRequest | None:
         try:
@@ -302,10 +302,9 @@ class FileRegistry:
             if current != last:
                 last = current
                 yield current
-            try:
-                await asyncio.wait_for(self._closed.wait(), timeout=self.poll_interval_s)
-            except TimeoutError:
-                pass
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.poll_interval_s):
+                    await self._closed.wait()
 
     async def close(self) -> None:
         self._closed.set()

@@ -155,12 +155,8 @@ class PromptTokenizer:
                         return inline
                     # Bounded like the HTTP fallback: past the timeout the request is routed on load alone (the
                     # thread finishes in the background; its result is dropped).
-                    return Tokens(
-                        await asyncio.wait_for(
-                            asyncio.to_thread(_encode_locked, loaded, endpoint, fields),
-                            timeout=self.settings.timeout_s,
-                        )
-                    )
+                    async with asyncio.timeout(self.settings.timeout_s):
+                        return Tokens(await asyncio.to_thread(_encode_locked, loaded, endpoint, fields))
             except TimeoutError:
                 logger.warning(
                     "model %s: local tokenization took over %.1f s; routing on load", model, self.settings.timeout_s
@@ -206,9 +202,8 @@ class PromptTokenizer:
             "add_generation_prompt": False,
         }
         try:
-            return await asyncio.wait_for(
-                asyncio.to_thread(_remember_locked, loaded, follow, block_sizes), timeout=self.settings.timeout_s
-            )
+            async with asyncio.timeout(self.settings.timeout_s):
+                return await asyncio.to_thread(_remember_locked, loaded, follow, block_sizes)
         except Exception as exc:  # a template error, an unsupported message, a timeout: nothing is cached
             logger.debug("model %s: answer not cached: %s", model, exc)
             return 0
