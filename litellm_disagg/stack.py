@@ -26,7 +26,7 @@ import httpx
 
 from litellm_disagg.discovery.file.settings import ENV_REGISTRY_DIR
 from litellm_disagg.engines.vllm import VLLM
-from litellm_disagg.ports import free_port
+from litellm_disagg.ports import avoid_env, free_port, reserve
 from litellm_disagg.processes import wait_until
 from litellm_disagg.stack_config import shared_compute_share, write_stack_config
 from litellm_disagg.supervisor import ChildSpec, Supervisor
@@ -48,6 +48,28 @@ def proxy_ready(base: str, key: str, model: str) -> bool:
         return r.status_code == 200 and any(m.get("id") == model for m in r.json().get("data", []))
     except (httpx.HTTPError, ValueError):
         return False
+
+
+def worker_specs(args: argparse.Namespace, *, model_dir: str, served: str, registry: str, logs: Path,
+                 env: dict[str, str], kv_routing: bool) -> list[ChildSpec]:
+    """The prefill and decode workers ``up`` starts. No port they draw, nor their KV-event ports, can be the proxy's
+    (``args.port``, not bound until the proxy starts) or each other's KV-event port (``ports.py``)."""
+    reserve(args.port)
+    roles = ("prefill", "decode")
+    # KV events for the router's precise prefix index (a restarted worker publishes on the same port).
+    events_ports = {role: free_port(args.host) for role in roles} if kv_routing else {}
+    env = avoid_env(env, [args.port, *events_ports.values()])
+    return [
+        ChildSpec(
+            role,
+            (sys.executable, "-m", "litellm_disagg.cli", "worker", "--role", role, "--model", model_dir,
+             "--served-model-name", served, "--host", args.host, "--kv-cache-mib", str(args.kv_cache_mib),
+             "--max-model-len", str(args.max_model_len), "--registry-dir", registry,
+             *(("--kv-events-port", str(events_ports[role])) if role in events_ports else ())),
+            env, logs / f"{role}.log", stop_timeout_s=180, restart_after_clean_exit=False,
+        )
+        for role in roles
+    ]
 
 
 def run_stack(args: argparse.Namespace) -> int:
@@ -85,18 +107,8 @@ def run_stack(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    specs = [
-        ChildSpec(
-            role,
-            (sys.executable, "-m", "litellm_disagg.cli", "worker", "--role", role, "--model", model_dir,
-             "--served-model-name", served, "--host", args.host, "--kv-cache-mib", str(args.kv_cache_mib),
-             "--max-model-len", str(args.max_model_len), "--registry-dir", registry,
-             # KV events for the router's precise prefix index (a restarted worker publishes on the same port).
-             *(("--kv-events-port", str(free_port(args.host))) if kv_routing else ())),
-            worker_env, logs / f"{role}.log", stop_timeout_s=180, restart_after_clean_exit=False,
-        )
-        for role in ("prefill", "decode")
-    ]
+    specs = worker_specs(args, model_dir=model_dir, served=served, registry=registry, logs=logs, env=worker_env,
+                         kv_routing=kv_routing)
     specs.append(ChildSpec(
         "proxy",
         (sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(config), "--host", args.host, "--port", str(args.port)),

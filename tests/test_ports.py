@@ -94,3 +94,66 @@ def test_an_operators_port_or_another_failure_is_not_retried():
     always = []
     assert run_retrying_taken_port(spec(111), lambda s: (always.append(s), taken(s))[1], repick=lambda: 5, attempts=3) == 1
     assert len(always) == 3
+
+
+class _Draws:
+    """A random source that draws the given ports in order."""
+
+    def __init__(self, *ports: int):
+        self.ports = list(ports)
+
+    def randint(self, low: int, high: int) -> int:
+        return self.ports.pop(0)
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_a_reserved_port_or_one_a_parent_chose_is_never_drawn(monkeypatch):
+    first, second = _free_ports(2)
+    monkeypatch.setattr(ports, "draw_range", lambda _: (1, 65535))
+    monkeypatch.setattr(ports, "_given", set())
+    monkeypatch.delenv(ports.ENV_AVOID, raising=False)
+    monkeypatch.setattr(ports, "_rng", _Draws(first))
+    assert ports.free_port() == first  # drawn when nothing says otherwise
+    monkeypatch.setattr(ports, "_given", set())
+    ports.reserve(first)  # a port given on the command line, not bound yet
+    monkeypatch.setattr(ports, "_rng", _Draws(first, second))
+    assert ports.free_port() == second
+    # A child process: its parent chose `first` for someone else.
+    monkeypatch.setattr(ports, "_given", set())
+    child_env = ports.avoid_env({"PATH": "/bin"}, [first])
+    assert child_env == {"PATH": "/bin", ports.ENV_AVOID: str(first)}
+    monkeypatch.setenv(ports.ENV_AVOID, child_env[ports.ENV_AVOID] + ",junk")
+    monkeypatch.setattr(ports, "_rng", _Draws(first, second))
+    assert ports.free_port() == second
+    assert ports.avoid_env({}, [second])[ports.ENV_AVOID] == ",".join(map(str, sorted((first, second))))
+
+
+def test_up_never_gives_its_workers_the_proxy_port(monkeypatch, tmp_path):
+    """``up --port P``: P is not bound until the proxy starts, so a draw could return it; a CI run lost the `up` test
+    when the decode worker's KV-event port was the proxy's and its engine failed to bind it on every restart."""
+    import argparse
+
+    from litellm_disagg.stack import worker_specs
+
+    proxy, other, third = _free_ports(3)
+    monkeypatch.setattr(ports, "draw_range", lambda _: (1, 65535))
+    monkeypatch.setattr(ports, "_given", set())
+    monkeypatch.delenv(ports.ENV_AVOID, raising=False)
+    monkeypatch.setattr(ports, "_rng", _Draws(proxy, other, proxy, third))
+    args = argparse.Namespace(port=proxy, host="127.0.0.1", kv_cache_mib=256, max_model_len=2048)
+    specs = worker_specs(args, model_dir="/m", served="m", registry=str(tmp_path), logs=tmp_path, env={},
+                         kv_routing=True)
+    events = {s.name: int(s.argv[s.argv.index("--kv-events-port") + 1]) for s in specs}
+    assert events == {"prefill": other, "decode": third}
+    for spec in specs:  # the workers' own draws (HTTP, NIXL) avoid the proxy's port and both KV-event ports
+        assert set(map(int, spec.env[ports.ENV_AVOID].split(","))) == {proxy, other, third}
