@@ -8,20 +8,25 @@ serves it too) a replica:
 - reads the other replicas' fields, dropping (and deleting) those older than ``ttl_s``: a replica that died stops
   counting within ``ttl_s``.
 
-What a payload says is the caller's to check: another replica's entry is never trusted.
+What a payload says is the caller's to check: another replica's entry is never trusted. ``ExchangeLoop`` is the
+background side both users share: the interval, the failure warnings, forgetting the others when Redis has been gone
+for ``ttl_s``, logging each bad entry once, and leaving on stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
+import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from ..tasks import raise_if_cancelled
+from ..tasks import cancel, raise_if_cancelled
 
 _EXCHANGE = """
 local t = redis.call('TIME')
@@ -108,3 +113,87 @@ class RedisExchange:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(1.0):
                     await client.hdel(self.key, self.replica)
+
+
+WARN_EVERY_S = 30.0
+"""At most one "Redis exchange failed" warning in this long, per loop."""
+
+
+class ExchangeLoop(ABC):
+    """Every ``interval_s``: publish ``payload()``, hand the others' entries to ``take()``. Subclasses say what is
+    published, what the others' entries mean, and what is dropped when they can no longer be read (``forget()``)."""
+
+    what = "exchange"
+    """How logs and the task name call it."""
+    fallback = "this replica goes on alone"
+    """What a failed exchange means, for its warning."""
+
+    def __init__(self, hash_: RedisExchange, *, interval_s: float, logger: logging.Logger,
+                 clock: Callable[[], float] = time.monotonic):
+        self._hash = hash_
+        self.interval_s = interval_s
+        self._logger = logger
+        self._clock = clock
+        self._last_ok: float | None = None
+        self._warned_at: float | None = None
+        self._distrusted: set[str] = set()
+        """Fields skipped in the last exchange (each logged once while it stays bad)."""
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def replica(self) -> str:
+        return self._hash.replica
+
+    @abstractmethod
+    def payload(self) -> str:
+        """What this replica publishes now."""
+
+    @abstractmethod
+    def take(self, entries: list[tuple[str, str]]) -> list[str]:
+        """Use the other live replicas' entries; return the fields skipped as not what a replica publishes."""
+
+    @abstractmethod
+    def forget(self) -> None:
+        """Drop what the others said (Redis unreadable for ``ttl_s``, or this replica stopping)."""
+
+    def failed(self) -> None:
+        """One exchange failed (for metrics); nothing by default."""
+        return None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"litellm-disagg-{self.what.replace(' ', '-')}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        await cancel([task])
+        await self._hash.leave()
+        self.forget()
+
+    async def _run(self) -> None:
+        while True:
+            await self.exchange()
+            await asyncio.sleep(self.interval_s)
+
+    async def exchange(self) -> bool:
+        """One round trip. False when Redis could not be used."""
+        now = self._clock()
+        try:
+            entries = await self._hash.swap(self.payload())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if self._warned_at is None or now - self._warned_at >= WARN_EVERY_S:
+                self._warned_at = now
+                self._logger.warning("%s: Redis exchange failed (%s); %s", self.what, exc, self.fallback)
+            self.failed()
+            if self._last_ok is None or now - self._last_ok >= self._hash.ttl_s:
+                self.forget()
+            return False
+        bad = self.take(entries)
+        for field in bad:
+            if field not in self._distrusted:
+                self._logger.warning("%s: replica %r's entry is not what a replica publishes; skipped", self.what, field)
+        self._distrusted = set(bad)  # only the fields present now: a writer rotating names cannot grow it
+        self._last_ok = now
+        return True

@@ -22,7 +22,6 @@ uses the router's client.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -34,8 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from litellm_disagg.observability import metrics as m
 from litellm_disagg.routing.accounting import Accounting, WorkerFlights
-from litellm_disagg.routing.redis_exchange import RedisExchange, replica_id, router_redis
-from litellm_disagg.tasks import cancel
+from litellm_disagg.routing.redis_exchange import ExchangeLoop, RedisExchange, replica_id, router_redis
 
 logger = logging.getLogger(__name__)
 
@@ -122,8 +120,11 @@ def parse_others(entries: list[tuple[str, str]]) -> tuple[dict[str, WorkerFlight
     return {wid: WorkerFlights(*v) for wid, v in summed.items()}, bad
 
 
-class SharedInflight:
+class SharedInflight(ExchangeLoop):
     """One replica's side of the exchange (see the module's docstring)."""
+
+    what = "shared in-flight"
+    fallback = "routing on this replica's own counts"
 
     def __init__(
         self,
@@ -134,19 +135,13 @@ class SharedInflight:
         replica: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ):
+        hash_ = RedisExchange(client, key=settings.key, replica=replica or replica_id(), ttl_s=settings.ttl_s,
+                              timeout_s=max(settings.ttl_s / 2, settings.interval_s))
+        super().__init__(hash_, interval_s=settings.interval_s, logger=logger, clock=clock)
         self.accounting = accounting
         self.client = client
         """Returns the Redis client, or None while there is none yet (LiteLLM may attach its Redis later)."""
         self.settings = settings
-        self.replica = replica or replica_id()
-        self._clock = clock
-        self._hash = RedisExchange(client, key=settings.key, replica=self.replica, ttl_s=settings.ttl_s,
-                                   timeout_s=max(settings.ttl_s / 2, settings.interval_s))
-        self._last_ok: float | None = None
-        self._warned_at: float | None = None
-        self._distrusted: set[str] = set()
-        """Fields skipped in the last exchange (each logged once while it stays bad)."""
-        self._task: asyncio.Task[None] | None = None
         self._owned: Any = None
         """A client of its own (``redis_url``), closed on stop; LiteLLM's is LiteLLM's to close."""
 
@@ -168,51 +163,30 @@ class SharedInflight:
 
     def start(self) -> None:
         if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="litellm-disagg-shared-inflight")
+            logger.info("sharing in-flight load through Redis (key %s, replica %s)", self.settings.key, self.replica)
+        super().start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel([task])
-        await self._hash.leave()
+        await super().stop()
         if self._owned is not None:
             with contextlib.suppress(Exception):
                 await self._owned.aclose()
-        self.accounting.set_others({})
 
-    async def _run(self) -> None:
-        logger.info("sharing in-flight load through Redis (key %s, replica %s)", self.settings.key, self.replica)
-        while True:
-            await self.exchange()
-            await asyncio.sleep(self.settings.interval_s)
+    def payload(self) -> str:
+        return encode(self.accounting.own_totals())
 
-    async def exchange(self) -> bool:
-        """One round trip: publish this replica's totals, take the others'. False when Redis could not be used."""
-        now = self._clock()
-        try:
-            entries = await self._hash.swap(encode(self.accounting.own_totals()))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._failed(now, exc)
-            return False
+    def take(self, entries: list[tuple[str, str]]) -> list[str]:
         others, bad = parse_others(entries)
-        for field in bad:
-            if field not in self._distrusted:
-                logger.warning("shared in-flight: replica %r's entry has figures that are not counts; skipped", field)
-        self._distrusted = set(bad)  # only the fields present now: a writer rotating names cannot grow it
         self.accounting.set_others(others)
-        self._last_ok = now
         m.SHARED_INFLIGHT_UP.set(1)
         m.SHARED_INFLIGHT_REPLICAS.set(len(entries))
         m.SHARED_INFLIGHT_REQUESTS.set(sum(f.requests for f in others.values()))
-        return True
+        return bad
 
-    def _failed(self, now: float, exc: Exception) -> None:
-        if self._warned_at is None or now - self._warned_at >= 30.0:
-            self._warned_at = now
-            logger.warning("shared in-flight: Redis exchange failed (%s); routing on this replica's own counts", exc)
+    def failed(self) -> None:
         m.SHARED_INFLIGHT_UP.set(0)
-        if self._last_ok is None or now - self._last_ok >= self.settings.ttl_s:
-            self.accounting.set_others({})
-            m.SHARED_INFLIGHT_REPLICAS.set(0)
-            m.SHARED_INFLIGHT_REQUESTS.set(0)
+
+    def forget(self) -> None:
+        self.accounting.set_others({})
+        m.SHARED_INFLIGHT_REPLICAS.set(0)
+        m.SHARED_INFLIGHT_REQUESTS.set(0)

@@ -23,7 +23,6 @@ replica, each replica fits on its own observations as before.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -34,9 +33,8 @@ from typing import Any
 from litellm_disagg.routing.kv.disagg_decision import DeciderMoments, DisaggDecider, LineMoments
 from litellm_disagg.routing.kv.settings import DisaggDecisionSettings
 from litellm_disagg.routing.kv.stall_fit import GapMoments
-from litellm_disagg.routing.redis_exchange import RedisExchange
+from litellm_disagg.routing.redis_exchange import ExchangeLoop, RedisExchange
 from litellm_disagg.routing.shared_inflight import SharedInflightSettings
-from litellm_disagg.tasks import cancel
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +135,11 @@ def parse_others(entries: list[tuple[str, str]], limits: Limits) -> tuple[Decide
     return summed, counted, bad
 
 
-class SharedEstimates:
+class SharedEstimates(ExchangeLoop):
     """One replica's side of the pooling (see the module's docstring)."""
+
+    what = "shared estimates"
+    fallback = "deciding on this replica's own measurements"
 
     def __init__(
         self,
@@ -149,57 +150,25 @@ class SharedEstimates:
         replica: str,
         clock: Callable[[], float] = time.monotonic,
     ):
+        hash_ = RedisExchange(client, key=settings.estimates_key, replica=replica, ttl_s=settings.estimates_ttl_s,
+                              timeout_s=settings.estimates_interval_s)
+        super().__init__(hash_, interval_s=settings.estimates_interval_s, logger=logger, clock=clock)
         self.decider = decider
         self.settings = settings
         self.limits = Limits(decider.settings)
-        self._hash = RedisExchange(client, key=settings.estimates_key, replica=replica, ttl_s=settings.estimates_ttl_s,
-                                   timeout_s=settings.estimates_interval_s)
-        self._clock = clock
-        self._last_ok: float | None = None
-        self._warned_at: float | None = None
-        self._distrusted: set[str] = set()
         self.replicas = 0
         """Other replicas whose measurements counted in the last exchange."""
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="litellm-disagg-shared-estimates")
+    def payload(self) -> str:
+        return encode(self.decider.moments())
 
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel([task])
-        await self._hash.leave()
-        self.decider.set_others(None)
-
-    async def _run(self) -> None:
-        while True:
-            await self.exchange()
-            await asyncio.sleep(self.settings.estimates_interval_s)
-
-    async def exchange(self) -> bool:
-        """Publish this replica's moments, take the others'. False when Redis could not be used."""
-        now = self._clock()
-        try:
-            entries = await self._hash.swap(encode(self.decider.moments()))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            if self._warned_at is None or now - self._warned_at >= 30.0:
-                self._warned_at = now
-                logger.warning("shared estimates: Redis exchange failed (%s); deciding on this replica's own "
-                               "measurements", exc)
-            if self._last_ok is None or now - self._last_ok >= self.settings.estimates_ttl_s:
-                self._pooled(None, 0)
-            return False
+    def take(self, entries: list[tuple[str, str]]) -> list[str]:
         others, counted, bad = parse_others(entries, self.limits)
-        for field in bad:
-            if field not in self._distrusted:
-                logger.warning("shared estimates: replica %r's entry is not what a replica publishes; skipped", field)
-        self._distrusted = set(bad)
         self._pooled(others, counted)
-        self._last_ok = now
-        return True
+        return bad
+
+    def forget(self) -> None:
+        self._pooled(None, 0)
 
     def _pooled(self, others: DeciderMoments | None, counted: int) -> None:
         self.decider.set_others(others)
