@@ -51,6 +51,12 @@ def test_the_oracle_prefills_remotely_once_per_document_then_locally(tmp_path):
     rows = pd.figures("pd_oracle", 1, results, pools, before, after)
     assert rows.remote_share == 0.25  # the document's first request went to the prefill pool, the others stayed local
     assert rows.hit_rate > 0.5  # the decode worker held the transferred document
+    # The remote prefill's prompt is looked up twice (prefill worker, then the decode worker, where what it pulls is a
+    # miss): the hit rate counts it twice, the reuse once.
+    computed = sum(after[w]["computed_tokens"] - before[w]["computed_tokens"] for w in after)
+    served = after[pools.decode[0].worker_id]["prompt_tokens"] - before[pools.decode[0].worker_id]["prompt_tokens"]
+    assert 0 < computed < served and rows.reuse == pytest.approx(1 - computed / served)
+    assert rows.reuse > rows.hit_rate
     # Every request's TTFT broken down from the workers' traces: the first one prefilled remotely, in parts that
     # add up to its TTFT.
     assert pools.request_log is not None

@@ -3,6 +3,7 @@ through the real proxy end to end (so the benchmark cannot rot unnoticed)."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -101,9 +102,14 @@ vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100.0
 vllm:request_success_total{finished_reason="length",model_name="m"} 2.0
 vllm:request_success_total{finished_reason="stop",model_name="m"} 3.0
 vllm:prefix_cache_hits_created 1.7e9
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_compute"} 60.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="local_cache_hit"} 30.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="m",source="external_kv_transfer"} 10.0
 """
     counters = parse_counters(text)
     assert counters["prefix_cache_hits"] == 30 and counters["prefix_cache_queries"] == 100
+    assert counters["computed_tokens"] == 60  # only the tokens the engine computed itself
+    assert math.isnan(parse_counters("vllm:prompt_tokens_total 5\n")["computed_tokens"])  # unknown, not zero
     assert counters["requests_finished"] == 5 and counters["generation_tokens"] == 0
 
 

@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import random
 import statistics
@@ -366,6 +367,11 @@ class PDFigures:
     """TTFT's mean and each part's (``breakdown.means``): the parts add up to TTFT's."""
     slowest: list[dict[str, object]] = field(default_factory=list)
     """The breakdowns of the slowest 2% of requests by TTFT (``breakdown.Breakdown``)."""
+    reuse: float | None = None
+    """Prompt tokens served without being computed, each request counted once: 1 - the tokens any worker computed
+    (``prompt_tokens_by_source{source="local_compute"}``) / the prompt tokens the decode pool served. ``hit_rate``
+    counts a remote prefill's prompt twice (looked up on its prefill worker, and again on its decode worker, where the
+    pulled part is a miss), so it falls as the remote share rises even where no work is repeated."""
     decisions: dict[str, float] = field(default_factory=dict)
     """KV arms: the proxy's predicted costs against measured TTFT per path (``decision_summary``)."""
 
@@ -385,6 +391,8 @@ def figures(arm: str, run: int, results: list[RequestResult], pools: Pools, befo
     queries = sum(delta(w, "prefix_cache_queries") for w in after)
     hits = sum(delta(w, "prefix_cache_hits") for w in after)
     remote = sum(delta(w.worker_id, "requests_finished") for w in pools.prefill)
+    served = sum(delta(w.worker_id, "prompt_tokens") for w in pools.decode)
+    computed = sum(delta(w, "computed_tokens") for w in after)
     return PDFigures(
         arm=arm, run=run, requests=len(results), completed=len(ok),
         ttft_p50_ms=percentile([r.ttft_s for r in ok if r.ttft_s is not None], 0.5) * 1e3,
@@ -395,6 +403,7 @@ def figures(arm: str, run: int, results: list[RequestResult], pools: Pools, befo
         remote_share=remote / len(ok) if ok else 0.0,
         prefill_imbalance=imbalance(pools.prefill), decode_imbalance=imbalance(pools.decode),
         first_errors=[r.error for r in results if r.error is not None][:3],
+        reuse=1.0 - computed / served if served and not math.isnan(computed) else None,
     )
 
 
@@ -494,12 +503,12 @@ async def warm_up(base_url: str, key: str, pools: Pools, *, rounds: int = 2, wor
 
 def table(rows: list[PDFigures]) -> str:
     head = (f"{'arm':18s} {'run':>3s} {'ok/all':>7s} {'TTFT p50':>9s} {'TTFT p99':>9s} {'ITL p50':>8s} {'e2e p50':>8s} "
-            f"{'hit rate':>8s} {'remote':>7s} {'P imbal':>7s} {'D imbal':>7s}")
+            f"{'hit rate':>8s} {'reuse':>6s} {'remote':>7s} {'P imbal':>7s} {'D imbal':>7s}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r.arm:18s} {r.run:3d} {f'{r.completed}/{r.requests}':>7s} {r.ttft_p50_ms:7.0f}ms "
                      f"{r.ttft_p99_ms:7.0f}ms {r.itl_p50_ms:6.1f}ms {r.e2e_p50_ms:6.0f}ms {r.hit_rate:8.1%} "
-                     f"{r.remote_share:7.0%} {r.prefill_imbalance:7.2f} {r.decode_imbalance:7.2f}")
+                     f"{'-' if r.reuse is None else format(r.reuse, '.1%'):>6s} {r.remote_share:7.0%} {r.prefill_imbalance:7.2f} {r.decode_imbalance:7.2f}")
         lines += [f"{'':18s} error: {e}" for e in r.first_errors]
     return "\n".join(lines)
 

@@ -9,6 +9,7 @@ any litellm-disagg worker, which is how the KV-aware arm finds them.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import subprocess
 import sys
@@ -31,8 +32,12 @@ from litellm_disagg.runtime_config import RuntimeConfig
 ENGINE = get_engine("vllm")
 """What every benchmark worker runs: real vLLM, or the simulator, which speaks vLLM's protocol and metrics."""
 
-COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "requests_finished", "prompt_tokens", "generation_tokens")
-"""The engine counters the report reads, by their ``MetricNames`` field."""
+COUNTERS = ("prefix_cache_queries", "prefix_cache_hits", "requests_finished", "prompt_tokens", "generation_tokens",
+            "computed_tokens")
+"""The engine counters the report reads, by their ``MetricNames`` field (``computed_tokens``: the prompt tokens the
+engine computed itself, ``prompt_tokens_by_source`` with ``COMPUTED_SOURCE``)."""
+COMPUTED_SOURCE = "local_compute"
+"""vLLM's ``source`` label value for prompt tokens computed on the engine (not a cache hit, not transferred)."""
 
 
 SIM_TOKENIZER = "python:litellm_disagg.sim.hf_tokenizer:load"
@@ -187,8 +192,14 @@ def parse_counters(text: str, metrics: MetricNames = ENGINE.adapter.metrics) -> 
     for part, histogram in ENGINE_TIMES.items():
         names[f"{part}_s"] = f"{histogram}_sum"
         names[f"{part}_n"] = f"{histogram}_count"
-    totals = prom_text.sums(text, prom_text.Wanted(name for name in names.values() if name is not None))
-    return {counter: totals.get(name, 0.0) if name is not None else 0.0 for counter, name in names.items()}
+    names["computed_tokens"] = metrics.prompt_tokens_by_source
+    where = {} if metrics.prompt_tokens_by_source is None else {
+        metrics.prompt_tokens_by_source: (metrics.source_label, COMPUTED_SOURCE)}
+    totals = prom_text.sums(text, prom_text.Wanted((name for name in names.values() if name is not None), where=where))
+    out = {counter: totals.get(name, 0.0) if name is not None else 0.0 for counter, name in names.items()}
+    if names["computed_tokens"] not in totals:  # a page without the per-source counter says nothing of it
+        out["computed_tokens"] = math.nan
+    return out
 
 
 ENGINE_TIMES = {
