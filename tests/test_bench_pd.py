@@ -132,13 +132,15 @@ def test_kv_arms_set_shared_compute_and_serve_metrics_when_asked(tmp_path):
 def test_decision_summary_is_one_arms_means_from_two_scrapes():
     before = {"prefill_cost_estimate_seconds:remote:sum": 1.0, "prefill_cost_estimate_seconds:remote:count": 2,
               "time_to_first_token_seconds:disaggregated:sum": 3.0, "time_to_first_token_seconds:disaggregated:count": 2,
-              "local:cost_model": 1}
+              "local:cost_model": 1, "prefill_backlog_tokens:local:sum": 100.0, "prefill_backlog_tokens:local:count": 1}
     after = {"prefill_cost_estimate_seconds:remote:sum": 4.0, "prefill_cost_estimate_seconds:remote:count": 8,
              "time_to_first_token_seconds:disaggregated:sum": 9.0, "time_to_first_token_seconds:disaggregated:count": 5,
-             "local:cost_model": 4, "fit:tokens_per_second:prefill": 400.0}
+             "local:cost_model": 4, "fit:tokens_per_second:prefill": 400.0,
+             "prefill_backlog_tokens:local:sum": 1300.0, "prefill_backlog_tokens:local:count": 5}
     assert pd.decision_summary(before, after) == {
         "predicted_remote_n": 6, "predicted_remote_mean_s": 0.5, "ttft_disaggregated_n": 3,
-        "ttft_disaggregated_mean_s": 2.0, "local:cost_model": 3, "fit:tokens_per_second:prefill": 400.0,
+        "ttft_disaggregated_mean_s": 2.0, "backlog_local_n": 4, "backlog_local_mean_tokens": 300.0,
+        "local:cost_model": 3, "fit:tokens_per_second:prefill": 400.0,
     }
 
 

@@ -216,6 +216,7 @@ def proxy_config(arm: str, pools: Pools, *, shared_compute: float = 0.0,
 _DECISION_SERIES = {
     "litellm_disagg_prefill_cost_estimate_seconds": "option",
     "litellm_disagg_time_to_first_token_seconds": "mode",
+    "litellm_disagg_prefill_backlog_tokens": "option",
 }
 
 
@@ -255,13 +256,14 @@ def decision_summary(before: dict[str, float], after: dict[str, float]) -> dict[
         return after.get(key, 0.0) - before.get(key, 0.0)
 
     summary: dict[str, float] = {}
-    for prefix, what in (("prefill_cost_estimate_seconds", "predicted"), ("time_to_first_token_seconds", "ttft")):
+    for prefix, what, unit in (("prefill_cost_estimate_seconds", "predicted", "s"),
+                               ("time_to_first_token_seconds", "ttft", "s"), ("prefill_backlog_tokens", "backlog", "tokens")):
         for key in sorted(k for k in after if k.startswith(prefix + ":") and k.endswith(":count")):
             label = key.split(":")[1]
             n = delta(key)
             if n > 0:
                 summary[f"{what}_{label}_n"] = n
-                summary[f"{what}_{label}_mean_s"] = delta(f"{prefix}:{label}:sum") / n
+                summary[f"{what}_{label}_mean_{unit}"] = delta(f"{prefix}:{label}:sum") / n
     for key in after:
         if key.startswith("local:") and delta(key) > 0:
             summary[key] = delta(key)

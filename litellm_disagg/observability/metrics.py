@@ -40,6 +40,10 @@ litellm_disagg_aggregated_fallbacks_total             counter   model, cause    
 litellm_disagg_prefill_cost_estimate_seconds          histogram model, option             the remote-or-local decision's estimated time to
                                                                                           the prompt computed, per request (option: remote,
                                                                                           local; KV routing's cost model, auto mode)
+litellm_disagg_prefill_backlog_tokens                 histogram model, option             prompt tokens already waiting to be prefilled
+                                                                                          that the decision priced ahead of the request
+                                                                                          (option: remote, the prefill worker's backlog;
+                                                                                          local, the decode worker's own local prefills)
 litellm_disagg_cost_model_tokens_per_second           gauge     phase                     KV routing's fitted rate (phase: prefill, transfer,
                                                                                           local, remote_tail)
 litellm_disagg_cost_model_overhead_seconds            gauge     phase                     KV routing's fitted fixed cost per call
@@ -127,6 +131,7 @@ ITL_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.0
 E2E_BUCKETS: Final = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0,
                       180.0, 300.0, 600.0)
 SELECTION_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+BACKLOG_TOKEN_BUCKETS: Final = (0, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 
 _WORKER = ("model", "role", "worker")
 
@@ -169,6 +174,9 @@ AGGREGATED_FALLBACKS = Counter("litellm_disagg_aggregated_fallbacks_total",
 COST_ESTIMATE = Histogram("litellm_disagg_prefill_cost_estimate_seconds",
                           "The remote-or-local decision's estimate, per request", ["model", "option"],
                           buckets=TTFT_BUCKETS)
+BACKLOG_TOKENS = Histogram("litellm_disagg_prefill_backlog_tokens",
+                           "Prompt tokens waiting to be prefilled ahead of the request, as the remote-or-local decision "
+                           "priced them", ["model", "option"], buckets=BACKLOG_TOKEN_BUCKETS)
 COST_RATE = Gauge("litellm_disagg_cost_model_tokens_per_second", "KV routing's fitted rate", ["phase"],
                   multiprocess_mode="livemostrecent")
 COST_OVERHEAD = Gauge("litellm_disagg_cost_model_overhead_seconds", "KV routing's fitted fixed cost per call",

@@ -109,6 +109,10 @@ class RequestMetrics:
             m.COST_ESTIMATE.labels(model, "remote").observe(plan.remote_cost_s)
         if plan.local_cost_s is not None:
             m.COST_ESTIMATE.labels(model, "local").observe(plan.local_cost_s)
+        inputs = plan.decision_inputs
+        if inputs is not None and plan.remote_cost_s is not None:  # priced by the cost model: what it saw queued
+            m.BACKLOG_TOKENS.labels(model, "remote").observe(inputs.prefill_queued_tokens)
+            m.BACKLOG_TOKENS.labels(model, "local").observe(inputs.decode_queued_tokens)
         if mode == "local_prefill" and plan.local_reason is not None:
             m.LOCAL_PREFILLS.labels(model, local_reason_label(plan.local_reason)).inc()
         if outcome.prefill_worker_id is not None and outcome.prefill_seconds is not None:

@@ -62,7 +62,7 @@ def test_every_metric_is_named_by_convention():
         assert name.startswith("litellm_disagg_")
         assert name.endswith("_total") == (kind == "counter"), name
         if kind == "histogram":
-            assert name.endswith("_seconds"), name
+            assert name.endswith(("_seconds", "_tokens")), name  # a histogram names its unit
 
 
 def plan(decode: RuntimeConfig, prefill: RuntimeConfig | None, local_reason: str | None = None) -> RoutePlan:
@@ -228,3 +228,29 @@ def test_the_decisions_cost_estimates_are_recorded_per_request():
     requests.routed("no-cost-call", plan(decode, None, "mode never"), Outcome(Mode.AGGREGATED, decode), started=1.0,
                     selection_s=0.0)  # no estimate (mode never, KV routing off): nothing observed
     assert value("litellm_disagg_prefill_cost_estimate_seconds_count", option="local", **labels) == before["local"] + 1
+
+
+def test_the_backlogs_the_decision_priced_are_recorded_per_request():
+    from litellm_disagg.routing.kv.disagg_decision import DisaggInputs
+
+    requests = RequestMetrics(clock=lambda: 1.0)
+    decode = w("obs-backlog-d1")
+    labels = {"model": "obs-model"}
+
+    def sums() -> dict[str, float]:
+        return {o: value("litellm_disagg_prefill_backlog_tokens_sum", option=o, **labels) for o in ("remote", "local")}
+
+    def counts() -> dict[str, float]:
+        return {o: value("litellm_disagg_prefill_backlog_tokens_count", option=o, **labels) for o in ("remote", "local")}
+
+    before_sum, before_n = sums(), counts()
+    inputs = DisaggInputs(prompt_tokens=900, prefill_queued_tokens=3000, decode_queued_tokens=700)
+    priced = RoutePlan(decode, (), "local 1.0 ms <= remote 9.0 ms", "local 1.0 ms <= remote 9.0 ms",
+                       remote_cost_s=0.009, local_cost_s=0.001, decision_inputs=inputs)
+    requests.routed("backlog-call", priced, Outcome(Mode.AGGREGATED, decode), started=1.0, selection_s=0.0)
+    assert sums() == {"remote": before_sum["remote"] + 3000, "local": before_sum["local"] + 700}
+    assert counts() == {"remote": before_n["remote"] + 1, "local": before_n["local"] + 1}
+    # Not priced by the cost model (an override, mode never): no backlog observed.
+    unpriced = RoutePlan(decode, (), "override", "override", decision_inputs=inputs)
+    requests.routed("override-call", unpriced, Outcome(Mode.AGGREGATED, decode), started=1.0, selection_s=0.0)
+    assert counts() == {"remote": before_n["remote"] + 1, "local": before_n["local"] + 1}
