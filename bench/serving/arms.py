@@ -13,7 +13,9 @@
 
 LiteLLM's arms list the workers as plain deployments of the engine's LiteLLM provider (``hosted_vllm``); the KV-aware arm lists none and finds the
 workers in discovery (the file registry) like a production proxy. The pinned arms (round robin, oracle) go through
-the same proxy on per-worker groups, so every arm pays the same proxy overhead.
+the same proxy on per-worker groups, so every arm pays LiteLLM's proxy overhead; the KV-aware arm also runs the
+litellm-disagg plugin (its routing and its per-chunk stream hooks), the others do not (docs/benchmarks.md, "Skewed and
+multi-turn at full speed again": about 10% of the KV proxy's CPU).
 """
 
 from __future__ import annotations
