@@ -136,11 +136,12 @@ def test_decision_summary_is_one_arms_means_from_two_scrapes():
     after = {"prefill_cost_estimate_seconds:remote:sum": 4.0, "prefill_cost_estimate_seconds:remote:count": 8,
              "time_to_first_token_seconds:disaggregated:sum": 9.0, "time_to_first_token_seconds:disaggregated:count": 5,
              "local:cost_model": 4, "fit:tokens_per_second:prefill": 400.0,
-             "prefill_backlog_tokens:local:sum": 1300.0, "prefill_backlog_tokens:local:count": 5}
+             "prefill_backlog_tokens:local:sum": 1300.0, "prefill_backlog_tokens:local:count": 5,
+             "prompt_tokens:decode": 1000.0, "cached_prompt_tokens:decode": 750.0}
     assert pd.decision_summary(before, after) == {
         "predicted_remote_n": 6, "predicted_remote_mean_s": 0.5, "ttft_disaggregated_n": 3,
         "ttft_disaggregated_mean_s": 2.0, "backlog_local_n": 4, "backlog_local_mean_tokens": 300.0,
-        "local:cost_model": 3, "fit:tokens_per_second:prefill": 400.0,
+        "seen_cached_decode": 0.75, "local:cost_model": 3, "fit:tokens_per_second:prefill": 400.0,
     }
 
 
@@ -158,3 +159,22 @@ def test_replicas_summary_adds_the_replicas_decisions_and_keeps_each_ones_fitted
     assert summary["predicted_remote_n#0"] == 2 and summary["local:cost_model#1"] == 5
     assert "fit:overhead_seconds:local" not in summary  # no replica's line stands for all of them
     assert pd.replicas_summary(before[:1], after[:1]) == pd.decision_summary(before[0], after[0])
+
+
+def test_decision_figures_read_the_proxys_page():
+    page = "\n".join([
+        'litellm_disagg_prefill_backlog_tokens_sum{model="m",option="local"} 300.0',
+        'litellm_disagg_prefill_backlog_tokens_count{model="m",option="local"} 2.0',
+        'litellm_disagg_prompt_tokens_total{model="m",role="decode",worker="d0"} 1000.0',
+        'litellm_disagg_prompt_tokens_total{model="m",role="decode",worker="d1"} 1000.0',
+        'litellm_disagg_cached_prompt_tokens_total{model="m",role="decode",worker="d0"} 900.0',
+        'litellm_disagg_local_prefills_total{model="m",reason="cost_model"} 3.0',
+        "",
+    ])
+    figures = pd.decision_figures(page)
+    assert figures["prefill_backlog_tokens:local:sum"] == 300.0
+    assert figures["prefill_backlog_tokens:local:count"] == 2.0
+    assert figures["prompt_tokens:decode"] == 2000.0 and figures["cached_prompt_tokens:decode"] == 900.0
+    assert figures["local:cost_model"] == 3.0
+    summary = pd.decision_summary({}, figures)
+    assert summary["seen_cached_decode"] == 0.45 and summary["backlog_local_mean_tokens"] == 150.0

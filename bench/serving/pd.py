@@ -223,11 +223,16 @@ _DECISION_SERIES = {
 async def scrape_decisions(url: str) -> dict[str, float]:
     """The proxy's decision figures (``observability/metrics.py``) as flat counters: ``<series>:<label>:sum|count``
     for the cost estimates per option and the TTFT per mode, ``local:<reason>`` for the local prefills by reason,
-    ``fit:<gauge>:<phase>`` for the cost model's current lines. Two scrapes' difference is one arm's share."""
+    ``fit:<gauge>:<phase>`` for the cost model's current lines, ``prompt_tokens:<role>`` and
+    ``cached_prompt_tokens:<role>`` summed over workers. Two scrapes' difference is one arm's share."""
+    async with httpx.AsyncClient(timeout=10) as client:
+        return decision_figures((await client.get(url)).text)
+
+
+def decision_figures(text: str) -> dict[str, float]:
+    """``scrape_decisions``'s figures from one page of the proxy's metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    async with httpx.AsyncClient(timeout=10) as client:
-        text = (await client.get(url)).text
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -237,6 +242,9 @@ async def scrape_decisions(url: str) -> dict[str, float]:
                     if name == series + suffix:
                         key = f"{series.removeprefix('litellm_disagg_')}:{labels.get(label, '')}:{suffix[1:]}"
                         out[key] = out.get(key, 0.0) + sample.value
+            if name in ("litellm_disagg_prompt_tokens_total", "litellm_disagg_cached_prompt_tokens_total"):
+                key = f"{name.removeprefix('litellm_disagg_').removesuffix('_total')}:{labels.get('role', '')}"
+                out[key] = out.get(key, 0.0) + sample.value
             if name == "litellm_disagg_local_prefills_total":
                 out[f"local:{labels.get('reason', '')}"] = out.get(f"local:{labels.get('reason', '')}", 0.0) + sample.value
             if name in ("litellm_disagg_cost_model_tokens_per_second", "litellm_disagg_cost_model_overhead_seconds"):
@@ -264,6 +272,10 @@ def decision_summary(before: dict[str, float], after: dict[str, float]) -> dict[
             if n > 0:
                 summary[f"{what}_{label}_n"] = n
                 summary[f"{what}_{label}_mean_{unit}"] = delta(f"{prefix}:{label}:sum") / n
+    for role in ("decode", "prefill"):  # the share of the prompt the router saw cached on the worker it chose
+        prompt = delta(f"prompt_tokens:{role}")
+        if prompt > 0:
+            summary[f"seen_cached_{role}"] = delta(f"cached_prompt_tokens:{role}") / prompt
     for key in after:
         if key.startswith("local:") and delta(key) > 0:
             summary[key] = delta(key)
