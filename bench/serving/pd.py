@@ -454,6 +454,8 @@ def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argpars
     config = proxy_config(arm, pools, shared_compute=args.shared_compute)
     if variant.redis:
         config["router_settings"] |= {"redis_host": "127.0.0.1", "redis_port": args.redis_port}
+        if args.shared_inflight:
+            config.setdefault("litellm_disagg", {})["shared_inflight"] = json.loads(args.shared_inflight)
     label = f"{arm}-{run}" + ("" if variant == ONE else f"-{variant.label[1:]}")
     servers = proxy.start_replicas(config, run_dir, label, model=pools.model, count=variant.proxies, timeout_s=600,
                                    metrics_ports=metrics_ports)
@@ -616,6 +618,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--proxies", default="1",
                    help="comma-separated proxy replica counts, each arm through each (the oracle through none); N r "
                         "(e.g. 2r): N replicas sharing a redis-server the benchmark starts (LiteLLM's router_settings)")
+    p.add_argument("--shared-inflight",
+                   help="JSON for the replicas' litellm_disagg.shared_inflight where they share a Redis "
+                        "(e.g. '{\"interval_s\": 0.02}')")
     p.add_argument("--shared-compute", type=float,
                    help="the KV arms' disaggregation.shared_compute, 0-1 (default: for vllm, the share by which the "
                         "one-thread engines outnumber this machine's cores, as `litellm-disagg up` computes it: 1/3 "
