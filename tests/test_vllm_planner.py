@@ -36,7 +36,7 @@ from litellm_disagg.processes import wait_until
 from litellm_disagg.runtime_config import WorkerRole
 
 from .support.planner_log import planner_decisions, planner_moves
-from .support.procs import MASTER_KEY, ROOT, ProxyProc, WorkerProc, registered
+from .support.procs import MASTER_KEY, ROOT, ProxyProc, WorkerProc, role_of
 from .support.proxy_configs import shipped_with_remote_prefill
 from .support.streaming_traffic import StreamingTraffic, percentile
 from .support.vllm_counters import external_tokens, prefills_served
@@ -223,7 +223,7 @@ async def test_the_planner_moves_a_real_decode_worker_to_prefill_when_long_promp
             moved = {w.worker_id: w for w in (c.d1, c.d2)}.get(moved_id)
             assert moved is not None, planner_moves(c.planner_log)
             await asyncio.to_thread(
-                wait_until, lambda: registered(c.registry, moved.worker_id).role is WorkerRole.PREFILL,
+                wait_until, lambda: role_of(c.registry, moved.worker_id) is WorkerRole.PREFILL,
                 timeout_s=120, interval_s=0.1, what=f"{moved.worker_id} to publish prefill")
             # The new role's work lands on it (vLLM's /metrics can trail an answer), while the traffic flows.
             await asyncio.to_thread(
@@ -276,7 +276,7 @@ async def test_the_planner_crosses_real_workers_to_aggregated_serving_when_a_spl
                                    tag="crossing")
         try:
             await asyncio.to_thread(
-                wait_until, lambda: (all(registered(c.registry, w.worker_id).role is WorkerRole.BOTH
+                wait_until, lambda: (all(role_of(c.registry, w.worker_id) is WorkerRole.BOTH
                                          for w in c.workers) or bool(traffic.failures)),
                 timeout_s=300, interval_s=0.2, what=f"every worker to publish both (SLO {slo_ms:.0f} ms)",
                 alive=lambda: c.planner is not None and c.planner.poll() is None)
@@ -361,12 +361,12 @@ async def test_the_planner_splits_real_aggregated_workers_again_when_mixing_brea
                                    tag="split", max_tokens=12)
         try:
             await asyncio.to_thread(
-                wait_until, lambda: (all(registered(c.registry, w.worker_id).role is not WorkerRole.BOTH
+                wait_until, lambda: (all(role_of(c.registry, w.worker_id) in (WorkerRole.PREFILL, WorkerRole.DECODE)
                                          for w in c.workers) or bool(traffic.failures)),
                 timeout_s=300, interval_s=0.2, what=f"every worker out of both (ITL SLO {itl_slo_ms:.0f} ms)",
                 alive=lambda: c.planner is not None and c.planner.poll() is None)
             roles = {w.worker_id: w.role for w in await FileRegistry(c.registry).snapshot()}
-            prefill = next((w for w in c.workers if roles[w.worker_id] is WorkerRole.PREFILL), None)
+            prefill = next((w for w in c.workers if roles.get(w.worker_id) is WorkerRole.PREFILL), None)
             assert prefill is not None, roles
             # The new layout's work lands on it (vLLM's /metrics can trail an answer), while the traffic flows.
             await asyncio.to_thread(

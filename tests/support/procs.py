@@ -14,7 +14,7 @@ import httpx
 
 from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.processes import kill_tree, spawn, stop, wait_until
-from litellm_disagg.runtime_config import RuntimeConfig
+from litellm_disagg.runtime_config import RuntimeConfig, WorkerRole
 
 from .net import free_port
 
@@ -27,6 +27,14 @@ def registered(registry_dir: Path, worker_id: str) -> RuntimeConfig | None:
         if config.worker_id == worker_id:
             return config
     return None
+
+
+def role_of(registry_dir: Path, worker_id: str) -> WorkerRole | None:
+    """The worker's published role, or None while discovery leaves its entry out (a starved worker's heartbeat can go
+    past the registry's TTL for a while: a CI run saw 17.5 s on two cores shared by three engines), so a wait on a
+    role keeps waiting instead of failing on a missing entry."""
+    config = registered(registry_dir, worker_id)
+    return None if config is None else config.role
 
 
 def log_tail(path: Path, lines: int = 60) -> str:
