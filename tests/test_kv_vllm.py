@@ -108,17 +108,42 @@ async def test_repeated_prefix_goes_to_the_worker_holding_it(workers, tiny_model
         await plugin.detach()
 
 
-async def test_a_non_streamed_prompt_stops_counting_as_queued_before_its_answer(workers, tiny_model):
+async def test_a_non_streamed_prompt_stops_counting_as_queued_before_its_answer(workers, tiny_model, monkeypatch):
     """A non-streamed call has no first chunk to say its prefill is over: the engine's own BlockStored event for the
     prompt's last full block does (``prefill_seen.py``), while the call is still generating."""
+    from litellm_disagg.routing.kv import router as kv_router_module
+
+    # The tiny model answers 700 tokens in a few tenths of a second: checked every 5 ms rather than the product's
+    # 50, the test is about the signal, not about the interval (a CI run saw the answer come back first).
+    monkeypatch.setattr(kv_router_module, "PREFILL_POLL_S", 0.005)
     registry, procs = workers
     plugin, router, controller = await kv_router(registry, tiny_model)
     try:
         await both_workers(controller)
-        data = {"model": "tiny", "stream": False, "temperature": 0, "max_tokens": 300,
-                "messages": [{"role": "system", "content": "A manual never seen before by either engine. " + SYSTEM},
-                             {"role": "user", "content": "recite it"}],
-                "extra_body": {"min_tokens": 300, "ignore_eos": True}}
+        # The router's event subscriptions are fresh: until one of their batches has arrived, a prefill's events could
+        # be published before the subscription took hold (ZMQ drops what a not-yet-joined subscriber would get).
+        for i in range(20):
+            if all(s.batches for s in controller.kv.event_stats().values()):
+                break
+            warm = {"model": "tiny", "max_tokens": 1, "temperature": 0,
+                    "messages": [{"role": "system", "content": f"Warm-up {i}. {SYSTEM}"}, {"role": "user", "content": "hi"}]}
+            await plugin.async_pre_call_hook(None, None, warm, "acompletion")
+            await router.acompletion(**warm)
+            for _ in range(20):
+                if all(s.batches for s in controller.kv.event_stats().values()):
+                    break
+                await asyncio.sleep(0.1)
+        assert all(s.batches for s in controller.kv.event_stats().values()), controller.kv.event_stats()
+        for _ in range(200):  # LiteLLM's background success events have ended the warm-ups' in-flight entries
+            if all(controller.accounting.requests(p.worker_id) == 0 for p in procs):
+                break
+            await asyncio.sleep(0.01)
+        # A short prompt and a long answer: the window between the prefill's events and the answer is wide even on
+        # two shared cores (the model's context is 1,024 tokens).
+        manual = "A manual never seen before by either engine. " + " ".join(f"Clause {i} reads {i * 3}." for i in range(30))
+        data = {"model": "tiny", "stream": False, "temperature": 0, "max_tokens": 700,
+                "messages": [{"role": "system", "content": manual}, {"role": "user", "content": "recite it"}],
+                "extra_body": {"min_tokens": 700, "ignore_eos": True}}
         await plugin.async_pre_call_hook(None, None, data, "acompletion")
         call = asyncio.create_task(router.acompletion(**data))
         queued_then_not: list[tuple[str, int, int]] = []
@@ -129,7 +154,7 @@ async def test_a_non_streamed_prompt_stops_counting_as_queued_before_its_answer(
                                             controller.accounting.prefill_tokens(p.worker_id)))
             await asyncio.sleep(0.01)
         response = await call
-        assert response.usage.completion_tokens == 300
+        assert response.usage.completion_tokens == 700
         assert queued_then_not and queued_then_not[0][2] > 0  # sent: its prompt queued for prefill there
         # ... and while it was still generating, its prompt stopped counting as queued.
         assert any(inflight == 1 and queued == 0 for _, inflight, queued in queued_then_not), queued_then_not[::20]
