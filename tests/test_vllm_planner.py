@@ -36,7 +36,7 @@ from litellm_disagg.processes import wait_until
 from litellm_disagg.runtime_config import WorkerRole
 
 from .support.planner_log import planner_decisions, planner_moves
-from .support.procs import MASTER_KEY, ROOT, ProxyProc, WorkerProc, role_of
+from .support.procs import MASTER_KEY, ROOT, ProxyProc, WorkerProc, published_roles, role_of
 from .support.proxy_configs import shipped_with_remote_prefill
 from .support.streaming_traffic import StreamingTraffic, percentile
 from .support.vllm_counters import external_tokens, prefills_served
@@ -239,7 +239,7 @@ async def test_the_planner_moves_a_real_decode_worker_to_prefill_when_long_promp
     assert len(moves) == 1, moves
     condition, (worker_id, from_role, to_role) = moves[0]
     assert (condition, worker_id, from_role, to_role) == ("prefill_bound", moved.worker_id, "decode", "prefill")
-    published = {w.worker_id: w.role for w in await FileRegistry(c.registry).snapshot()}
+    published = await published_roles(c.registry, [w.worker_id for w in c.workers])
     assert sorted(published.values()) == sorted([WorkerRole.PREFILL, WorkerRole.PREFILL, WorkerRole.DECODE])
     assert f"worker {moved.worker_id} now serves prefill" in c.planner_log
     # What the planner decided on is in its log line: the prefill pressure over 1, the decode side with headroom.
@@ -261,7 +261,7 @@ async def test_the_planner_crosses_real_workers_to_aggregated_serving_when_a_spl
     workers' number and ``aggregate_below: 0`` leave the crossing the only move open."""
     c = cluster
     headers = {"Authorization": f"Bearer {MASTER_KEY}"}
-    start = {w.worker_id: w.role for w in await FileRegistry(c.registry).snapshot()}
+    start = await published_roles(c.registry, [w.worker_id for w in c.workers])
     assert WorkerRole.BOTH not in start.values(), start
     decode_workers = sum(role is WorkerRole.DECODE for role in start.values())
     async with httpx.AsyncClient(base_url=c.proxy.url, headers=headers, timeout=180) as client:
@@ -337,7 +337,7 @@ async def test_the_planner_splits_real_aggregated_workers_again_when_mixing_brea
     reset: in a CI run it was reset twice, and the move came at the 16th step."""
     c = cluster
     headers = {"Authorization": f"Bearer {MASTER_KEY}"}
-    start = {w.worker_id: w.role for w in await FileRegistry(c.registry).snapshot()}
+    start = await published_roles(c.registry, [w.worker_id for w in c.workers])
     for worker in c.workers:
         if start.get(worker.worker_id) is not WorkerRole.BOTH:
             await asyncio.to_thread(_move_to_both, c, worker)
@@ -365,7 +365,7 @@ async def test_the_planner_splits_real_aggregated_workers_again_when_mixing_brea
                                          for w in c.workers) or bool(traffic.failures)),
                 timeout_s=300, interval_s=0.2, what=f"every worker out of both (ITL SLO {itl_slo_ms:.0f} ms)",
                 alive=lambda: c.planner is not None and c.planner.poll() is None)
-            roles = {w.worker_id: w.role for w in await FileRegistry(c.registry).snapshot()}
+            roles = await published_roles(c.registry, [w.worker_id for w in c.workers])
             prefill = next((w for w in c.workers if roles.get(w.worker_id) is WorkerRole.PREFILL), None)
             assert prefill is not None, roles
             # The new layout's work lands on it (vLLM's /metrics can trail an answer), while the traffic flows.

@@ -37,6 +37,19 @@ def role_of(registry_dir: Path, worker_id: str) -> WorkerRole | None:
     return None if config is None else config.role
 
 
+async def published_roles(registry_dir: Path, worker_ids: list[str], timeout_s: float = 120.0) -> dict[str, WorkerRole]:
+    """Every listed worker's published role, once discovery lists them all (``role_of``'s reason: a starved worker's
+    entry can be left out for a while); after ``timeout_s``, whatever it lists (the caller's assertion says what is
+    missing)."""
+    roles: dict[str, WorkerRole] = {}
+    for _ in range(int(timeout_s / 0.25) + 1):
+        roles = {w.worker_id: w.role for w in await FileRegistry(registry_dir).snapshot()}
+        if set(worker_ids) <= roles.keys():
+            break
+        await asyncio.sleep(0.25)
+    return roles
+
+
 def log_tail(path: Path, lines: int = 60) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
