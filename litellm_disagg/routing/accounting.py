@@ -90,6 +90,10 @@ class Accounting:
         """The other proxy replicas' totals per worker (``set_others``), added to every read but ``own_lookups``."""
         self.version = 0
         """Counts changes to the per-worker figures (a cached load snapshot is valid while it stays the same)."""
+        self.on_prefill_queued: Callable[[], None] | None = None
+        """Called after a ``start`` that queues prompt tokens to compute on a worker: the in-flight exchange between
+        proxy replicas publishes it at once (``ExchangeLoop.nudge``), so another replica about to place a prompt
+        sees it a round trip later instead of up to two intervals later."""
 
     # -- changes -------------------------------------------------------------------------------------------------------
 
@@ -108,6 +112,8 @@ class Accounting:
             self._decode[worker_id] += decode_blocks
         if pull_tokens:
             self._pull[worker_id] += pull_tokens
+        if prefill_tokens and self.on_prefill_queued is not None:
+            self.on_prefill_queued()
 
     def prefill_done(self, key: FlightKey) -> None:
         """The call's prompt is computed or its KV arrived (its first token came back): its prefill and pull tokens

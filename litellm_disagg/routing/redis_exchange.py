@@ -121,7 +121,11 @@ WARN_EVERY_S = 30.0
 
 class ExchangeLoop(ABC):
     """Every ``interval_s``: publish ``payload()``, hand the others' entries to ``take()``. Subclasses say what is
-    published, what the others' entries mean, and what is dropped when they can no longer be read (``forget()``)."""
+    published, what the others' entries mean, and what is dropped when they can no longer be read (``forget()``).
+
+    ``nudge()`` asks for an exchange now rather than at the next tick (something the others should see at once
+    happened): at most one such early exchange between two ticks, so a busy replica makes at most two round trips
+    per interval and an idle one's first news goes out within a round trip."""
 
     what = "exchange"
     """How logs and the task name call it."""
@@ -139,6 +143,9 @@ class ExchangeLoop(ABC):
         self._distrusted: set[str] = set()
         """Fields skipped in the last exchange (each logged once while it stays bad)."""
         self._task: asyncio.Task[None] | None = None
+        self._nudged = asyncio.Event()
+        self.early_exchanges = 0
+        """Exchanges made on a ``nudge()`` rather than on the tick."""
 
     @property
     def replica(self) -> str:
@@ -170,10 +177,27 @@ class ExchangeLoop(ABC):
         await self._hash.leave()
         self.forget()
 
+    def nudge(self) -> None:
+        """Exchange now, not at the next tick (once per interval; nothing when the loop is not running)."""
+        if self._task is not None:
+            self._nudged.set()
+
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            self._nudged.clear()  # the tick's exchange publishes whatever a nudge before it was about
             await self.exchange()
-            await asyncio.sleep(self.interval_s)
+            tick = loop.time() + self.interval_s
+            nudged = False
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(tick):
+                    nudged = await self._nudged.wait()
+            if nudged:
+                self.early_exchanges += 1
+                await self.exchange()
+            rest = tick - loop.time()
+            if rest > 0:  # an early exchange made, the rest of the interval is not nudged again
+                await asyncio.sleep(rest)
 
     async def exchange(self) -> bool:
         """One round trip. False when Redis could not be used."""

@@ -11,6 +11,8 @@ key, so a Redis Cluster serves it too):
   counting within ``ttl_s``, and no replica's clock matters;
 
 and hands their sum to ``Accounting.set_others``, which every decision's load snapshot then adds to its own counts.
+A replica that sends a prompt to be computed also exchanges at once (``publish_prompts_at_once``; at most once
+between two ticks), so another replica placing a prompt sees it an interval sooner.
 A field that does not parse, or holds a negative or absurd figure, is skipped and logged: another replica's entry is
 never trusted. When Redis cannot be reached the others' totals are dropped once the last good read is ``ttl_s`` old
 (routing goes on with this replica's own counts, as without Redis). On stop the replica deletes its field.
@@ -54,11 +56,16 @@ class SharedInflightSettings(BaseModel):
     """The Redis hash the replicas share (one per cluster of proxies routing the same workers)."""
     interval_s: Annotated[float, Field(gt=0)] = 0.02
     """How often a replica publishes its totals and reads the others'. A replica's request is unseen by the others
-    for up to two intervals (its next publish, their next read): shorter than a prefill, or two replicas can send
+    for up to two intervals (its next publish, their next read; one for a prompt to compute, published at once with
+    ``publish_prompts_at_once``): shorter than a prefill, or two replicas can send
     prompts arriving together to the same idle-looking prefill worker (docs/benchmarks.md, "cold prompts colliding
     on a prefill worker": on the simulator's 4P+4D through four replicas, at 0.1 s they computed more of the prompts
     than one proxy does in 6 of 9 runs, at 0.02 s in 1 of 9). Each tick is one Redis round trip, about 0.24 ms of the
     proxy's CPU (4 replicas, 8 workers): about 1.2% of a core at 0.02 s."""
+    publish_prompts_at_once: bool = True
+    """A prompt this replica sends to be computed (a prefill, or a local prefill on a decode worker) is published at
+    once rather than at the next tick, at most once between two ticks (``ExchangeLoop.nudge``): the others see it
+    within one interval (their next read) instead of two. Costs at most one more round trip per interval."""
     ttl_s: Annotated[float, Field(gt=0)] = 2.0
     """A replica not heard from for this long no longer counts (it died, or cannot reach Redis)."""
     estimates: bool = True
@@ -149,6 +156,8 @@ class SharedInflight(ExchangeLoop):
         self.settings = settings
         self._owned: Any = None
         """A client of its own (``redis_url``), closed on stop; LiteLLM's is LiteLLM's to close."""
+        if settings.publish_prompts_at_once:  # a prompt to compute is published at once, not at the next tick
+            accounting.on_prefill_queued = self.nudge
 
     @classmethod
     def for_router(cls, settings: SharedInflightSettings, router: Any, accounting: Accounting) -> SharedInflight | None:

@@ -215,3 +215,38 @@ async def test_a_stop_that_meets_redis_reply_still_stops_the_exchange():
     swap.cancel()
     with pytest.raises(asyncio.CancelledError):
         await swap
+
+
+async def test_a_prompt_to_compute_is_published_at_once_and_once_per_interval(client):
+    """A replica that sends a prompt to be computed publishes it at once (``ExchangeLoop.nudge``), not at its next
+    tick: another replica placing a prompt meanwhile would otherwise see an idle worker for up to two intervals.
+    One early exchange per interval: a second prompt waits for the tick. A call with nothing to compute waits too."""
+    accounting = Accounting()
+    settings = SharedInflightSettings(enabled=True, key=KEY, interval_s=60.0, ttl_s=120.0)
+    a = SharedInflight(accounting, lambda: client, settings, replica="a")
+
+    async def published() -> dict[str, list[int]] | None:
+        raw = await client.hget(KEY, "a")
+        return None if raw is None else json.loads(raw.decode().split(" ", 1)[1])
+
+    async def until(check) -> None:
+        for _ in range(200):
+            if check(await published()):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"not published: {await published()}")
+
+    a.start()
+    try:
+        await until(lambda totals: totals == {})  # the first tick
+        accounting.start(FlightKey.decode("x"), "d1")  # nothing to compute there: no early exchange
+        await asyncio.sleep(0.2)
+        assert await published() == {} and a.early_exchanges == 0
+        accounting.start(FlightKey.prefill("p"), "p1", prefill_tokens=500)
+        await until(lambda totals: totals is not None and "p1" in totals)
+        assert await published() == {"d1": [1, 0, 0, 0], "p1": [1, 500, 0, 0]} and a.early_exchanges == 1
+        accounting.start(FlightKey.prefill("q"), "p2", prefill_tokens=300)
+        await asyncio.sleep(0.3)
+        assert "p2" not in (await published() or {}) and a.early_exchanges == 1
+    finally:
+        await a.stop()
