@@ -12,7 +12,8 @@ key, so a Redis Cluster serves it too):
 
 and hands their sum to ``Accounting.set_others``, which every decision's load snapshot then adds to its own counts.
 A replica that sends a prompt to be computed also exchanges at once (``publish_prompts_at_once``; at most once
-between two ticks), so another replica placing a prompt sees it an interval sooner.
+between two ticks), and that exchange wakes the others (a message on ``<key>:wake``, published by the same script),
+who exchange at once too: another replica placing a prompt sees it a few round trips later, not up to two intervals.
 A field that does not parse, or holds a negative or absurd figure, is skipped and logged: another replica's entry is
 never trusted. When Redis cannot be reached the others' totals are dropped once the last good read is ``ttl_s`` old
 (routing goes on with this replica's own counts, as without Redis). On stop the replica deletes its field.
@@ -64,8 +65,9 @@ class SharedInflightSettings(BaseModel):
     proxy's CPU (4 replicas, 8 workers): about 1.2% of a core at 0.02 s."""
     publish_prompts_at_once: bool = True
     """A prompt this replica sends to be computed (a prefill, or a local prefill on a decode worker) is published at
-    once rather than at the next tick, at most once between two ticks (``ExchangeLoop.nudge``): the others see it
-    within one interval (their next read) instead of two. Costs at most one more round trip per interval."""
+    once rather than at the next tick, and wakes the other replicas (Redis pub/sub on ``<key>:wake``), who read it at
+    once (``ExchangeLoop.nudge``; each at most once between two ticks): they see it a few round trips later instead
+    of up to two intervals. Costs each replica at most one more round trip per interval, and one subscription."""
     ttl_s: Annotated[float, Field(gt=0)] = 2.0
     """A replica not heard from for this long no longer counts (it died, or cannot reach Redis)."""
     estimates: bool = True
@@ -156,8 +158,9 @@ class SharedInflight(ExchangeLoop):
         self.settings = settings
         self._owned: Any = None
         """A client of its own (``redis_url``), closed on stop; LiteLLM's is LiteLLM's to close."""
-        if settings.publish_prompts_at_once:  # a prompt to compute is published at once, not at the next tick
+        if settings.publish_prompts_at_once:  # a prompt to compute is published at once and wakes the others
             accounting.on_prefill_queued = self.nudge
+            self.wake_channel = f"{settings.key}:wake"
 
     @classmethod
     def for_router(cls, settings: SharedInflightSettings, router: Any, accounting: Accounting) -> SharedInflight | None:

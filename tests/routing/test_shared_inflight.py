@@ -119,9 +119,10 @@ async def test_a_replica_that_stops_leaves_at_once_and_one_that_dies_after_its_t
     await a.stop()  # deletes its field
     assert a_acc.requests("d1") == 1  # its own count stays; the others' are dropped
     assert await b.exchange() and b_acc.requests("d1") == 1
-    c._task.cancel()  # c dies: no exchange and no goodbye
-    with contextlib.suppress(asyncio.CancelledError):
-        await c._task
+    for task in (c._task, c._listener):  # c dies: no exchange, no goodbye, no wake-ups heard
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     await asyncio.sleep(0.5)
     assert await b.exchange() and b_acc.requests("d1") == 0
     assert await client.hkeys(KEY) == [b"b"]  # the dead replica's field is gone from Redis too
@@ -250,3 +251,56 @@ async def test_a_prompt_to_compute_is_published_at_once_and_once_per_interval(cl
         assert "p2" not in (await published() or {}) and a.early_exchanges == 1
     finally:
         await a.stop()
+
+
+async def test_a_prompt_to_compute_wakes_the_other_replicas_who_read_it_at_once(client):
+    """With ticks a minute apart, B sees A's prompt at once: A's early exchange publishes a wake-up on
+    ``<key>:wake`` and B exchanges on it. B's own early exchange does not wake anyone in turn, a stray message
+    costs one early exchange at most (and carries nothing that is counted), and without ``publish_prompts_at_once``
+    nothing is published early or woken."""
+    key = f"{KEY}:woken"  # a channel of its own: another test's replicas may still be subscribed to KEY's
+    await client.delete(key)
+    settings = SharedInflightSettings(enabled=True, key=key, interval_s=60.0, ttl_s=120.0)
+    a_acc, b_acc = Accounting(), Accounting()
+    a = SharedInflight(a_acc, lambda: client, settings, replica="a")
+    b = SharedInflight(b_acc, lambda: client, settings, replica="b")
+
+    async def until(check, what: str) -> None:
+        for _ in range(600):
+            if check():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{what}: a early {a.early_exchanges} woken {a.wakeups}, b early {b.early_exchanges} "
+                             f"woken {b.wakeups}")
+
+    a.start()
+    b.start()
+    try:
+        await until(lambda: a._last_ok is not None and b._last_ok is not None, "the first ticks")
+        for _ in range(1200):  # both subscribed (a wake-up before that would be lost: the ticks still carry it)
+            if (await client.pubsub_numsub(f"{key}:wake"))[0][1] == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert (await client.pubsub_numsub(f"{key}:wake"))[0][1] == 2
+        a_acc.start(FlightKey.prefill("p"), "p1", prefill_tokens=500)
+        await until(lambda: b_acc.prefill_tokens("p1") == 500, "B never read A's prompt before its tick")
+        assert (a.early_exchanges, b.wakeups, b.early_exchanges, a.wakeups) == (1, 1, 1, 0)
+        # A stray message on the channel: one early exchange at most, nothing counted from it.
+        await client.publish(f"{key}:wake", "someone")
+        await until(lambda: a.wakeups == 1, "A never heard the stray wake-up")
+        assert a_acc.requests("p1") == 1 and b_acc.requests("p1") == 1
+    finally:
+        await a.stop()
+        await b.stop()
+
+    quiet = SharedInflightSettings(enabled=True, key=key, interval_s=60.0, ttl_s=120.0, publish_prompts_at_once=False)
+    c_acc = Accounting()
+    c = SharedInflight(c_acc, lambda: client, quiet, replica="c")
+    c.start()
+    try:
+        await until(lambda: c._last_ok is not None, "c's first tick")
+        c_acc.start(FlightKey.prefill("q"), "p2", prefill_tokens=300)
+        await asyncio.sleep(0.3)
+        assert c.early_exchanges == 0 and c.wake_channel is None
+    finally:
+        await c.stop()
