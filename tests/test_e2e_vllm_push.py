@@ -13,6 +13,8 @@ import openai
 import psutil
 import pytest
 
+from litellm_disagg.processes import wait_until
+
 from .support.net import metric
 from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, registered
 from .support.proxy_configs import shipped_with_remote_prefill
@@ -66,6 +68,9 @@ def sources(worker: WorkerProc) -> tuple[float, float]:
 def test_push_workers_publish_their_nixl_engine(stack):
     prefill, decode, _ = stack
     for worker in (prefill, decode):
+        # Read until discovery lists it (a starved worker's heartbeat can lapse its entry for a while).
+        wait_until(lambda w=worker: registered(w.registry_dir, w.worker_id) is not None, timeout_s=60, interval_s=0.1,
+                   what=f"{worker.worker_id} in discovery")
         config = registered(worker.registry_dir, worker.worker_id)
         assert config is not None and config.transfer.kind == "vllm-nixl-push"
         assert config.transfer.engine_id in worker.log.read_text(errors="replace")  # the engine runs under it

@@ -46,7 +46,9 @@ async def kv_router(registry, tiny_model):
     plugin = DisaggPlugin()
     router = litellm.Router(model_list=[], num_retries=0)
     settings = DisaggSettings(
-        registry=FileRegistrySettings(path=str(registry), poll_interval_s=0.1),
+        # A long TTL: a worker starved past the default 10 s (two shared cores) would leave the pool and the index,
+        # which is not what these tests are about (the departure test withdraws its worker explicitly).
+        registry=FileRegistrySettings(path=str(registry), poll_interval_s=0.1, ttl_s=120),
         kv_routing={"enabled": True, "seed": 0, "disaggregation": {"mode": "never"}, "index": {"predicted_ttl_s": 0.05},
                     "tokenizer": {"model_dirs": {"tiny": str(tiny_model)}}},
     )

@@ -29,7 +29,11 @@ from litellm_disagg.runtime_config import RuntimeConfig, VllmNixlTransfer, Worke
 from .consul_double import ConsulDouble
 from .support.registry_watch import WatchCollector, eventually
 
-TTL_S = 0.6
+TTL_S = 10.0
+"""The entries' TTL: long, so a slow step on a loaded machine never ages an entry out in a test about something else
+(these tests publish once and do not heartbeat)."""
+SHORT_TTL_S = 1.5
+"""The TTL of the test about expiry itself (heartbeats every 0.15 s keep an entry alive; silence ends it)."""
 INVALID_KINDS = ["garbage", "wrong_types", "unknown_role", "missing_fields", "duplicate_id", "oversized"]
 
 
@@ -69,7 +73,7 @@ def broken_fields(kind: str, valid: RuntimeConfig) -> dict[str, Any]:
 class Harness(Protocol):
     name: str
 
-    def registry(self) -> Registry: ...
+    def registry(self, ttl_s: float = TTL_S) -> Registry: ...
 
     async def inject_invalid(self, kind: str, valid: RuntimeConfig) -> None: ...
 
@@ -85,8 +89,8 @@ class FileHarness:
         self.directory = directory
         self._registries: list[FileRegistry] = []
 
-    def registry(self) -> Registry:
-        registry = FileRegistry(self.directory, ttl_s=TTL_S, poll_interval_s=0.05)
+    def registry(self, ttl_s: float = TTL_S) -> Registry:
+        registry = FileRegistry(self.directory, ttl_s=ttl_s, poll_interval_s=0.05)
         self._registries.append(registry)
         return registry
 
@@ -119,8 +123,9 @@ class ConsulHarness:
         )
         self._registries: list[ConsulRegistry] = []
 
-    def registry(self) -> Registry:
-        registry = ConsulRegistry(self.settings, environ={})
+    def registry(self, ttl_s: float = TTL_S) -> Registry:
+        settings = self.settings.model_copy(update={"check_ttl_s": ttl_s, "heartbeat_interval_s": ttl_s / 4})
+        registry = ConsulRegistry(settings, environ={})
         self._registries.append(registry)
         return registry
 
@@ -215,10 +220,10 @@ async def test_heartbeat_of_unpublished_worker_is_an_error(backend: Harness) -> 
 
 
 async def test_heartbeat_keeps_alive_and_silence_expires(backend: Harness) -> None:
-    writer, reader = backend.registry(), backend.registry()
+    writer, reader = backend.registry(SHORT_TTL_S), backend.registry(SHORT_TTL_S)
     config = make_config("w-1")
     await writer.publish(config)
-    for _ in range(int(2.5 * TTL_S / 0.15)):  # well past one TTL
+    for _ in range(int(2.5 * SHORT_TTL_S / 0.15)):  # well past one TTL
         await asyncio.sleep(0.15)
         await writer.heartbeat("w-1")
         assert await reader.snapshot() == [config]
@@ -226,7 +231,7 @@ async def test_heartbeat_keeps_alive_and_silence_expires(backend: Harness) -> No
     async def gone() -> bool:
         return await reader.snapshot() == []
 
-    await eventually(gone, timeout_s=TTL_S + 2.0)
+    await eventually(gone, timeout_s=SHORT_TTL_S + 5.0)
 
 
 async def test_watch_yields_initial_snapshot_then_changes(backend: Harness) -> None:

@@ -42,9 +42,16 @@ def test_up_serves_the_real_small_model_disaggregated(tmp_path):
         assert f"http://127.0.0.1:{port}/v1" in banner and "from openai import OpenAI" in banner
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0, timeout=120)
-        workers = subprocess.run([sys.executable, "-m", "litellm_disagg.cli", "workers", "--json", "--registry-dir", registry],
-                                 capture_output=True, text=True, check=True).stdout.splitlines()
-        by_role = {c["role"]: c for c in map(json.loads, workers)}
+        by_role: dict[str, dict] = {}
+
+        def listed() -> bool:  # both workers in discovery (a starved worker's heartbeat can lapse its entry a while)
+            workers = subprocess.run([sys.executable, "-m", "litellm_disagg.cli", "workers", "--json", "--registry-dir",
+                                      registry], capture_output=True, text=True, check=True).stdout.splitlines()
+            by_role.clear()
+            by_role.update({c["role"]: c for c in map(json.loads, workers)})
+            return set(by_role) == {"prefill", "decode"}
+
+        wait_until(listed, timeout_s=60, interval_s=0.5, what="`litellm-disagg workers` to list a prefill and a decode worker")
         assert set(by_role) == {"prefill", "decode"}
         assert all(c["kv_events_endpoint"] for c in by_role.values())  # `up` starts its workers with KV events
         decode_url = by_role["decode"]["base_url"].removesuffix("/v1")
@@ -68,9 +75,12 @@ def test_up_serves_the_real_small_model_disaggregated(tmp_path):
         reply, _ = ask([{"role": "user", "content": "What is the capital of France?"}], 30)
         assert "Paris" in reply.choices[0].message.content
         # The metrics URL `up` printed counts and times the request just sent (docs/observability.md).
-        page = proxy.page()
-        timed = re.search(r"litellm_disagg_request_duration_seconds_count\{[^}]*\} (\S+)", page)
-        assert timed is not None and float(timed.group(1)) >= 1
+        # (recorded from LiteLLM's background success event, which can come after the reply)
+        def timed() -> bool:
+            found = re.search(r"litellm_disagg_request_duration_seconds_count\{[^}]*\} (\S+)", proxy.page())
+            return found is not None and float(found.group(1)) >= 1
+
+        wait_until(timed, timeout_s=30, interval_s=0.2, what="the request's duration on the metrics page")
 
         # KV-aware routing is on: a long first turn fills the index from the workers' KV events, and the second
         # turn goes to a worker the index says holds the conversation's prefix, which the worker then reuses.
@@ -78,7 +88,7 @@ def test_up_serves_the_real_small_model_disaggregated(tmp_path):
         reply, _ = ask(first, 12)
         wait_until(lambda: proxy.value("litellm_disagg_kv_event_batches_total") > 0
                    and proxy.value("litellm_disagg_kv_index_blocks", 'kind="held"') > 0,
-                   timeout_s=30, interval_s=0.5, what="the proxy's prefix index to fill from KV events")
+                   timeout_s=120, interval_s=0.5, what="the proxy's prefix index to fill from KV events")
         cached, hits = proxy.value("litellm_disagg_cached_prompt_tokens_total"), _cache_hits(urls)
         second = [*first, {"role": "assistant", "content": reply.choices[0].message.content},
                   {"role": "user", "content": "And which colour comes first?"}]

@@ -27,7 +27,7 @@ from litellm_disagg.discovery.file.registry import FileRegistry
 from litellm_disagg.processes import wait_until
 from litellm_disagg.runtime_config import WorkerRole
 
-from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, registered
+from .support.procs import MASTER_KEY, ProxyProc, WorkerProc, registered, role_of
 from .support.proxy_configs import shipped_with_remote_prefill
 from .support.vllm_counters import (
     external_tokens,
@@ -192,7 +192,7 @@ def test_a_prefill_worker_becomes_a_decode_worker_under_traffic(workers, proxy):
     generated = generations_served(workers.both)
 
     def flip() -> None:
-        _move_to(workers, WorkerRole.DECODE, timeout_s=30)
+        _move_to(workers, WorkerRole.DECODE, timeout_s=120)  # drain, settle, republish: 8 streams on 2 cores
 
     assert _flow_while(proxy, workers, 8, 0, flip) == references
     # The new role's work lands on it: with two decode workers, some of a few more requests are generated there.
@@ -221,7 +221,9 @@ def test_the_role_command_moves_it_back_to_prefill_under_traffic(workers, proxy)
     (done,) = result
     assert done.returncode == 0, done.stderr
     assert "decode -> prefill requested" in done.stdout and "now prefill" in done.stdout
-    assert _published_role(workers) is WorkerRole.PREFILL
+    # Published (the command saw it), and read until discovery lists the entry (a starved heartbeat can lapse it).
+    wait_until(lambda: _published_role(workers) is WorkerRole.PREFILL, timeout_s=60, interval_s=0.1,
+               what="the worker published as prefill")
     # The new role's work lands on it. The proxy learns the role from its registry watcher (one poll behind the
     # command's "now prefill"), and vLLM's /metrics can trail an answer: ask up to five requests, each equal to its
     # reference, until one was prefilled there and its KV reached the decode worker by transfer.
@@ -244,4 +246,5 @@ def test_a_role_the_launch_cannot_serve_is_refused(workers):
          "--registry-dir", str(workers.registry)], capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2 and "--switchable" in done.stderr
-    assert registered(workers.registry, workers.consumer.worker_id).role is WorkerRole.DECODE
+    wait_until(lambda: role_of(workers.registry, workers.consumer.worker_id) is WorkerRole.DECODE, timeout_s=120,
+               interval_s=0.1, what="the refused worker still published as decode")

@@ -74,7 +74,7 @@ async def test_standalone_planner_moves_a_worker_on_slow_ttft(tmp_path: Path, pr
                 "--proxy-metrics", url, "--steps", "4"] + (["--dry-run"] if dry_run else [])
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,  # noqa: ASYNC220
                                 env={**os.environ, "LITELLM_DISAGG_LOG_LEVEL": "INFO"})
-        for i in range(600):
+        for i in range(2400):  # up to two minutes: a planner process starts slowly on a loaded machine
             if i % 20 == 0:  # the entries must stay alive (heartbeat TTL) while the planner starts
                 for w in workers:
                     await registry.heartbeat(w.name)

@@ -33,7 +33,9 @@ async def test_controller_runs_the_planner_which_requests_a_role_change(tmp_path
     workers = [FakeWorker(name, free_port()) for name in ("pp-p1", "pp-d1", "pp-d2")]
     for w in workers:
         await w.start()
-    registry_settings = FileRegistrySettings(path=str(tmp_path / "registry"), poll_interval_s=0.05)
+    # Published once, never heartbeated: a TTL past the loop's minute, so late steps on a loaded machine do not see
+    # the entries lapse (the default 10 s) before the move is requested.
+    registry_settings = FileRegistrySettings(path=str(tmp_path / "registry"), poll_interval_s=0.05, ttl_s=600)
     writer = FileRegistry.from_settings(registry_settings)
     plugin = DisaggPlugin()
     router = litellm.Router(model_list=[], num_retries=0)

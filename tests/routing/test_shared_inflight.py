@@ -108,9 +108,10 @@ async def test_what_one_replica_sends_counts_in_the_others_decisions(client):
 
 
 async def test_a_replica_that_stops_leaves_at_once_and_one_that_dies_after_its_ttl(client):
-    a_acc, a = replica(client, "a", ttl_s=0.3)
-    b_acc, b = replica(client, "b", ttl_s=0.3)
-    c_acc, c = replica(client, "c", ttl_s=0.3)
+    # A TTL of 2 s (each round trip may take up to 1 s): a loaded machine's slow reply must not read as a death.
+    a_acc, a = replica(client, "a", ttl_s=2.0)
+    b_acc, b = replica(client, "b", ttl_s=2.0)
+    c_acc, c = replica(client, "c", ttl_s=2.0)
     a_acc.start(FlightKey.decode("x"), "d1")
     c_acc.start(FlightKey.decode("z"), "d1")
     a.start()
@@ -123,7 +124,7 @@ async def test_a_replica_that_stops_leaves_at_once_and_one_that_dies_after_its_t
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(2.5)  # past its TTL
     assert await b.exchange() and b_acc.requests("d1") == 0
     assert await client.hkeys(KEY) == [b"b"]  # the dead replica's field is gone from Redis too
 

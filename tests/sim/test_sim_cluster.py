@@ -63,12 +63,14 @@ async def test_workers_register_like_real_ones_and_stay_alive(registry, client):
 
 
 async def test_drain_waits_for_in_flight_work_then_withdraws(registry, client):
-    slow = fast_settings().with_speedup(20)  # a 40-token decode takes about 40 ms
+    # A 40-token decode of about 0.4 s and a 0.5 s settle: DRAINING stays published for most of a second, which the
+    # 20 ms sampler below sees even on a loaded machine (at 40 ms and 0.05 s the window was under 0.1 s).
+    slow = fast_settings().with_speedup(2)
     async with SimCluster(registry=registry, settings=slow, heartbeat_interval_s=0.1) as cluster:
         [worker] = await cluster.start(decode=1)
         request = asyncio.create_task(client.post(f"{worker.base_url}/chat/completions", json=chat_body(max_tokens=40)))
         await wait_for(lambda: _running(client, worker))
-        drain = asyncio.create_task(cluster.drain(worker.worker_id, settle_s=0.05))
+        drain = asyncio.create_task(cluster.drain(worker.worker_id, settle_s=0.5))
         await wait_for(lambda: _state_is(registry, worker.worker_id, WorkerState.DRAINING))
         assert not drain.done()
         response = await request
@@ -89,7 +91,7 @@ async def test_drain_of_a_prefill_worker_waits_for_its_decode_to_pull(registry, 
         await asyncio.sleep(0.1)
         assert not drain.done()  # the prefilled blocks still wait for their decode
         await client.post(f"{d.base_url}/chat/completions", json=chat_body(kv_transfer_params=params))
-        assert await asyncio.wait_for(drain, 2) is True
+        assert await asyncio.wait_for(drain, 30) is True
         assert d.engine.stats.prompt_tokens_external_kv_transfer > 0
 
 
