@@ -57,7 +57,7 @@ class SharedInflightSettings(BaseModel):
     """The Redis hash the replicas share (one per cluster of proxies routing the same workers)."""
     interval_s: Annotated[float, Field(gt=0)] = 0.02
     """How often a replica publishes its totals and reads the others'. A replica's request is unseen by the others
-    for up to two intervals (its next publish, their next read; one for a prompt to compute, published at once with
+    for up to two intervals (its next publish, their next read; a prompt to compute a few round trips, with
     ``publish_prompts_at_once``): shorter than a prefill, or two replicas can send
     prompts arriving together to the same idle-looking prefill worker (docs/benchmarks.md, "cold prompts colliding
     on a prefill worker": on the simulator's 4P+4D through four replicas, at 0.1 s they computed more of the prompts
