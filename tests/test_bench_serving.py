@@ -209,3 +209,16 @@ def test_the_engines_own_queue_prefill_and_ttft_means_come_from_its_histograms()
     means = engine_time_means_ms(before, after)
     assert means == pytest.approx({"queue": 100.0, "prefill": 250.0})   # (0.3 + 0.1) / 4 s, (0.5 + 0.5) / 4 s
     assert engine_time_means_ms({"a": parse_counters("")}, {"a": parse_counters("")}) == {}
+
+
+def test_the_oracle_plugin_arm_pins_its_load_through_a_proxy_running_the_plugin(tmp_path):
+    """The oracle's placement, with the plugin loaded (KV routing on) but never choosing: only the pinned per-worker
+    groups are plain deployments, so the plain group (the warm-up's) is the plugin's, from discovery."""
+    workers = worker_set(tmp_path)
+    arm = arms.build("oracle_plugin", workers)
+    assert (arm.pinned, arm.session_header) == (True, False)
+    assert [d["model_name"] for d in arm.config["model_list"]] == ["m@0", "m@1", "m@2"]
+    assert arm.config["litellm_settings"]["callbacks"] == ["litellm_disagg.plugin.handler"]
+    assert arm.config["litellm_disagg"] == arms.build("kv_aware", workers).config["litellm_disagg"]
+    assert arms.Placement("oracle_plugin", 3).pick("a") == arms.Placement("oracle", 3).pick("a")
+    assert "oracle_plugin" in arms.ARMS and "oracle_plugin" not in arms.DEFAULT_ARMS

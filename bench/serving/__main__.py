@@ -49,7 +49,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--backend", choices=["sim", "vllm"], default="sim")
     p.add_argument("--workload", default="all",
                    help="comma-separated, from: " + ", ".join(workloads.WORKLOADS) + "; or all")
-    p.add_argument("--arms", default=",".join(arms_mod.ARMS), help="comma-separated, from: " + ", ".join(arms_mod.ARMS))
+    p.add_argument("--arms", default=",".join(arms_mod.DEFAULT_ARMS),
+                   help="comma-separated, from: " + ", ".join(arms_mod.ARMS) + " (default: all but oracle_plugin)")
     p.add_argument("--workers", type=int)
     p.add_argument("--requests", type=int, help="requests per arm")
     p.add_argument("--rate", type=float, help="requests per second (Poisson arrivals)")

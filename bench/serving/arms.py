@@ -10,12 +10,18 @@
 | ``round_robin``    | the client, rotating over per-worker model groups (``<model>@<i>``)                           |
 | ``oracle``         | the client: each ``prefix_key`` (conversation or shared document) always to the worker it went |
 |                    | to first; first placements spread evenly                                                      |
+| ``oracle_plugin``  | the oracle's placement, through a proxy that also runs the litellm-disagg plugin with KV      |
+|                    | routing on (discovery, KV events, load scraping, every hook) for one group it never routes:   |
+|                    | what the plugin costs a request whose worker it does not choose (not in the default arms)     |
 
 LiteLLM's arms list the workers as plain deployments of the engine's LiteLLM provider (``hosted_vllm``); the KV-aware arm lists none and finds the
 workers in discovery (the file registry) like a production proxy. The pinned arms (round robin, oracle) go through
 the same proxy on per-worker groups, so every arm pays LiteLLM's proxy overhead; the KV-aware arm also runs the
 litellm-disagg plugin (its routing and its per-chunk stream hooks), the others do not (docs/benchmarks.md, "Skewed and
-multi-turn at full speed again": about 10% of the KV proxy's CPU).
+multi-turn at full speed again": about 10% of the KV proxy's CPU). ``oracle_plugin`` splits that: its proxy runs the
+plugin's background work and hooks but not its selection (the client pins each request to a per-worker group, which
+the plugin leaves to LiteLLM), so ``oracle`` -> ``oracle_plugin`` is what the plugin costs around a request and
+``oracle_plugin`` -> ``kv_aware`` is its selection (tokenizing, scoring, the decision) and its placement.
 """
 
 from __future__ import annotations
@@ -25,8 +31,12 @@ from typing import Any, Literal
 
 from bench.serving.workers import ENGINE, WorkerSet
 
-ArmName = Literal["kv_aware", "simple_shuffle", "least_busy", "session_affinity", "round_robin", "oracle"]
-ARMS: tuple[ArmName, ...] = ("kv_aware", "simple_shuffle", "least_busy", "session_affinity", "round_robin", "oracle")
+ArmName = Literal["kv_aware", "simple_shuffle", "least_busy", "session_affinity", "round_robin", "oracle",
+                  "oracle_plugin"]
+DEFAULT_ARMS: tuple[ArmName, ...] = (
+    "kv_aware", "simple_shuffle", "least_busy", "session_affinity", "round_robin", "oracle",
+)
+ARMS: tuple[ArmName, ...] = (*DEFAULT_ARMS, "oracle_plugin")
 
 
 @dataclass(frozen=True)
@@ -53,26 +63,32 @@ def build(name: ArmName, workers: WorkerSet, *, kv_routing: dict[str, Any] | Non
     }
     if redis_port is not None:
         base["router_settings"] |= {"redis_host": "127.0.0.1", "redis_port": redis_port}
+    kv: dict[str, Any] = {"enabled": True, "disaggregation": {"mode": "never"}}
+    if workers.model_dir:
+        kv["tokenizer"] = {"model_dirs": {workers.model: workers.model_dir}}
+    kv.update(kv_routing or {})
+    plugin = {
+        "registry": {"backend": "file", "path": str(workers.registry_dir), "poll_interval_s": 0.25},
+        "kv_routing": kv,
+    }
     if name == "kv_aware":
-        kv: dict[str, Any] = {"enabled": True, "disaggregation": {"mode": "never"}}
-        if workers.model_dir:
-            kv["tokenizer"] = {"model_dirs": {workers.model: workers.model_dir}}
-        kv.update(kv_routing or {})
         base["model_list"] = []
         base["litellm_settings"]["callbacks"] = ["litellm_disagg.plugin.handler"]
-        base["litellm_disagg"] = {
-            "registry": {"backend": "file", "path": str(workers.registry_dir), "poll_interval_s": 0.25},
-            "kv_routing": kv,
-        }
+        base["litellm_disagg"] = plugin
         return Arm(name, base)
 
     def deployment(group: str, url: str) -> dict[str, Any]:
         model = f"{ENGINE.adapter.provider_prefix}/{workers.model}"
         return {"model_name": group, "litellm_params": {"model": model, "api_base": f"{url}/v1", "api_key": "none"}}
 
-    model_list = [deployment(workers.model, w.server_url) for w in workers.workers]
-    model_list += [deployment(pinned_group(workers.model, i), w.server_url) for i, w in enumerate(workers.workers)]
-    base["model_list"] = model_list
+    pinned = [deployment(pinned_group(workers.model, i), w.server_url) for i, w in enumerate(workers.workers)]
+    if name == "oracle_plugin":  # the plugin serves the plain group from discovery (the warm-up's); the load is pinned
+        base["model_list"] = pinned
+        base["router_settings"]["routing_strategy"] = "simple-shuffle"
+        base["litellm_settings"]["callbacks"] = ["litellm_disagg.plugin.handler"]
+        base["litellm_disagg"] = plugin
+        return Arm(name, base, pinned=True)
+    base["model_list"] = [deployment(workers.model, w.server_url) for w in workers.workers] + pinned
     router = base["router_settings"]
     router["routing_strategy"] = "least-busy" if name == "least_busy" else "simple-shuffle"
     if name == "session_affinity":

@@ -121,7 +121,7 @@ def verdicts(rows: list[ArmFigures]) -> list[str]:
     if kv is None:
         return []
     out = []
-    for other in ("simple_shuffle", "least_busy", "session_affinity", "round_robin", "oracle"):
+    for other in ("simple_shuffle", "least_busy", "session_affinity", "round_robin", "oracle", "oracle_plugin"):
         ref = by.get(other)
         if ref is None or not kv.ttft_p50_ms or not ref.ttft_p50_ms:
             continue
