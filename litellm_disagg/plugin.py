@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 import weakref
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -166,20 +166,25 @@ class DisaggPlugin(CustomLogger):
             self.controller.keep_installed()
         return data
 
-    async def async_post_call_streaming_iterator_hook(
+    def async_post_call_streaming_iterator_hook(
         self, user_api_key_dict: Any, response: Any, request_data: dict[str, Any]
-    ) -> AsyncGenerator[Any, None]:
+    ) -> AsyncIterator[Any]:
         # The proxy streams every chunk to the client through this (LiteLLM 1.108 calls the deployment hook below on
         # the last chunk only): the first chunk ends the prompt's queued tokens and gives the time to first token,
-        # each next one an inter-token gap. A dict lookup per live controller per chunk.
+        # each next one an inter-token gap. A stream this plugin did not route (another model group, served by
+        # LiteLLM's own strategy) is handed back as it came: no layer and no work per chunk for groups not ours.
         call_id = request_data.get("litellm_call_id") if isinstance(request_data, dict) else None
+        if not isinstance(call_id, str) or not any(c.routed(call_id) for c in list(DisaggPlugin._controllers)):
+            return response  # type: ignore[no-any-return]
+        return self._follow(response, request_data, call_id)
+
+    async def _follow(self, response: Any, request_data: dict[str, Any], call_id: str) -> AsyncGenerator[Any, None]:
         stream = response
-        if self.migrator is not None and isinstance(request_data, dict):  # continues a stream broken mid-answer
+        if self.migrator is not None:  # continues a stream broken mid-answer
             stream = self.migrator.resilient(response, request_data)
         async for chunk in stream:
-            if isinstance(call_id, str):
-                for controller in list(DisaggPlugin._controllers):
-                    controller.streamed(call_id, last=False)
+            for controller in list(DisaggPlugin._controllers):
+                controller.streamed(call_id, last=False)
             yield chunk
 
     async def async_post_call_streaming_deployment_hook(

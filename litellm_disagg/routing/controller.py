@@ -191,6 +191,10 @@ class DisaggController:
         decode read, is released (``routing/kv_release.py``)."""
         self.releases.ended(call_id, worker_id=worker_id, failed=failed)
 
+    def routed(self, call_id: str) -> bool:
+        """Whether this router chose the worker of the call ``call_id`` (it is in flight under it)."""
+        return self.accounting.worker_of(FlightKey.decode(call_id)) is not None
+
     def streamed(self, call_id: str, *, last: bool) -> None:
         """A chunk of a streaming decode call reached the proxy: the prompt is computed (its prefill tokens stop
         counting as queued on the worker); with ``last`` (the chunk with a finish reason) the call is over for the
