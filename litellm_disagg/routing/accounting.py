@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from operator import attrgetter
 
+from litellm_disagg.routing.replica_slot import ReplicaSlot
+
 
 class Phase(StrEnum):
     PREFILL = "prefill"
@@ -90,6 +92,9 @@ class Accounting:
         """The other proxy replicas' totals per worker (``set_others``), added to every read but ``own_lookups``."""
         self.version = 0
         """Counts changes to the per-worker figures (a cached load snapshot is valid while it stays the same)."""
+        self.replica_slot: ReplicaSlot | None = None
+        """This replica's slot among the live proxy replicas (set by the in-flight exchange; None: alone, or not
+        known): every decision's scoring context carries it, and the picker splits ties by it."""
         self.on_prefill_queued: Callable[[], None] | None = None
         """Called after a ``start`` that queues prompt tokens to compute on a worker: the in-flight exchange between
         proxy replicas publishes it at once (``ExchangeLoop.nudge``), so another replica about to place a prompt

@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from litellm_disagg.observability import metrics as m
 from litellm_disagg.routing.accounting import Accounting, WorkerFlights
 from litellm_disagg.routing.redis_exchange import ExchangeLoop, RedisExchange, replica_id, router_redis
+from litellm_disagg.routing.replica_slot import slot_of
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,11 @@ class SharedInflightSettings(BaseModel):
     once rather than at the next tick, and wakes the other replicas (Redis pub/sub on ``<key>:wake``), who read it at
     once (``ExchangeLoop.nudge``; each at most once between two ticks): they see it a few round trips later instead
     of up to two intervals. Costs each replica at most one more round trip per interval, and one subscription."""
+    spread_ties: bool = True
+    """Split ties between the replicas (``replica_slot.py``): each draws a tie among equally good workers from its own
+    share of them (the live replicas' ids in order give each a rank), so two replicas placing cold prompts at the
+    same moment, before either has heard of the other's, pick different idle workers. Costs nothing per decision but
+    a sort of the tied workers."""
     ttl_s: Annotated[float, Field(gt=0)] = 2.0
     """A replica not heard from for this long no longer counts (it died, or cannot reach Redis)."""
     estimates: bool = True
@@ -195,6 +201,8 @@ class SharedInflight(ExchangeLoop):
     def take(self, entries: list[tuple[str, str]]) -> list[str]:
         others, bad = parse_others(entries)
         self.accounting.set_others(others)
+        if self.settings.spread_ties:
+            self.accounting.replica_slot = slot_of(self.replica, (field for field, _ in entries))
         m.SHARED_INFLIGHT_UP.set(1)
         m.SHARED_INFLIGHT_REPLICAS.set(len(entries))
         m.SHARED_INFLIGHT_REQUESTS.set(sum(f.requests for f in others.values()))
@@ -205,5 +213,6 @@ class SharedInflight(ExchangeLoop):
 
     def forget(self) -> None:
         self.accounting.set_others({})
+        self.accounting.replica_slot = None
         m.SHARED_INFLIGHT_REPLICAS.set(0)
         m.SHARED_INFLIGHT_REQUESTS.set(0)

@@ -305,3 +305,33 @@ async def test_a_prompt_to_compute_wakes_the_other_replicas_who_read_it_at_once(
         assert c.early_exchanges == 0 and c.wake_channel is None
     finally:
         await c.stop()
+
+
+async def test_replicas_that_see_the_same_idle_workers_at_once_pick_different_ones(client):
+    """Four replicas, four idle decode workers, one decision each before any of them is published: with the slots
+    the exchange hands out (``replica_slot.py``) they pick four different workers; a replica that leaves frees its
+    slot, and one with ``spread_ties: false`` keeps whole ties."""
+    names = ["r1", "r2", "r3", "r4"]
+    replicas = [replica(client, name) for name in names]
+    for _ in range(2):  # every field written before every read
+        for _, shared in replicas:
+            assert await shared.exchange()
+    assert sorted(acc.replica_slot for acc, _ in replicas) == [(rank, 4) for rank in range(4)]
+    pool = WorkerPool.of([w(x) for x in ("d1", "d2", "d3", "d4")])
+    picked = [(await planner(acc).plan(CHAT, pool, pool.decode_candidates("tiny"))).decode.worker_id
+              for acc, _ in replicas]
+    assert sorted(picked) == ["d1", "d2", "d3", "d4"]
+    await replicas[3][1].stop()
+    assert await replicas[0][1].exchange() and replicas[0][0].replica_slot == (0, 3)
+    for _, shared in replicas[:3]:
+        await shared.stop()
+    assert all(acc.replica_slot is None for acc, _ in replicas[:3])  # stopped: alone again
+
+    accounting = Accounting()
+    plain = SharedInflight(accounting, lambda: client, SharedInflightSettings(
+        enabled=True, key=KEY, interval_s=0.05, ttl_s=2.0, spread_ties=False), replica="plain")
+    other_acc, other = replica(client, "other")
+    assert await other.exchange() and await plain.exchange() and await other.exchange()
+    assert accounting.replica_slot is None and other_acc.replica_slot == (0, 2)  # "other" < "plain"
+    await plain.stop()
+    await other.stop()

@@ -227,6 +227,7 @@ class KVRouter:
             loads=loads,
             live_sessions=self.sessions.counts(),
             figures=figures,
+            replica=self.accounting.replica_slot,
         )
 
     def decide(self, prompt: PromptBlocks | None, decode: Selection, prefill: Selection) -> DisaggDecision:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from litellm_disagg.routing.accounting import Accounting
 from litellm_disagg.routing.kv.load_scraper import NOT_SCRAPED, ScrapedLoad
+from litellm_disagg.routing.replica_slot import ReplicaSlot
 from litellm_disagg.runtime_config import RuntimeConfig
 
 if TYPE_CHECKING:
@@ -95,6 +96,9 @@ class ScoringContext:
     figures: Mapping[str, Figures] | None = field(default=None, compare=False, repr=False)
     """Per worker in ``loads`` (some or all): ``figures(loads[worker_id])``, precomputed (``LoadCache``). None:
     computed from ``loads`` when asked."""
+    replica: ReplicaSlot | None = None
+    """This proxy replica's slot among the live replicas (``Accounting.replica_slot``): the picker splits ties by it.
+    None: a replica alone."""
 
     def cached(self, worker_id: str) -> int:
         return self.cached_tokens.get(worker_id, 0)

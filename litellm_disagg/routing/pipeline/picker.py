@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from litellm_disagg.routing.pipeline.context import ScoringContext
 from litellm_disagg.routing.pipeline.profile import ProfileSettings
 from litellm_disagg.routing.pipeline.selection import How
+from litellm_disagg.routing.replica_slot import offset, share
 from litellm_disagg.runtime_config import RuntimeConfig
 
 TIE_EPSILON = 1e-9
@@ -42,16 +43,26 @@ class Picker:
         tied = [w for w in candidates if best - totals[w.worker_id] <= TIE_EPSILON]
         if len(tied) == 1:
             return tied[0], "best"
+        slot = ctx.replica
         if self.tie_break == "rotate":
-            return tied[next(self._turn) % len(tied)], "tie_rotate"
+            if slot is not None:  # every replica's turns in the same order, each starting at its own share
+                tied = sorted(tied, key=_worker_id)
+            return tied[(next(self._turn) + offset(len(tied), slot)) % len(tied)], "tie_rotate"
         active = {w.worker_id: load.active_requests for w, load in zip(tied, ctx.loads_of(tied), strict=True)}
         fewest = min(active.values())
         least = [w for w in tied if active[w.worker_id] == fewest]
         if len(least) == 1:
             return least[0], "tie_load"
+        if slot is not None:
+            mine = share(sorted(least, key=_worker_id), slot)
+            return self.rng.choice(mine), "tie_spread" if len(mine) < len(least) else "tie_random"
         return self.rng.choice(least), "tie_random"
 
     def _sample(self, candidates: Sequence[RuntimeConfig], totals: Mapping[str, float]) -> RuntimeConfig:
         best = max(totals.values())
         weights = [math.exp((totals[w.worker_id] - best) / self.temperature) for w in candidates]
         return self.rng.choices(list(candidates), weights=weights, k=1)[0]
+
+
+def _worker_id(worker: RuntimeConfig) -> str:
+    return worker.worker_id

@@ -51,7 +51,10 @@ class LoadProvider:
         return None
 
     def context(self, prompt: PromptBlocks | None, candidates: Sequence[RuntimeConfig]) -> ScoringContext:
-        return ScoringContext(prompt_tokens=0, cached_tokens={}, loads=collect_loads(candidates, accounting=self.accounting))
+        return ScoringContext(
+            prompt_tokens=0, cached_tokens={}, loads=collect_loads(candidates, accounting=self.accounting),
+            replica=self.accounting.replica_slot,
+        )
 
     def decide(self, prompt: PromptBlocks | None, decode: Selection, prefill: Selection) -> DisaggDecision:
         if prefill.worker is None:

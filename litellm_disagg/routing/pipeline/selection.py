@@ -13,7 +13,7 @@ from litellm_disagg.routing.pipeline.context import ScoringContext
 from litellm_disagg.routing.pipeline.scorers.kv_cost import CostColumns, CostTerms
 from litellm_disagg.runtime_config import RuntimeConfig
 
-How = Literal["none", "only", "best", "tie_load", "tie_random", "tie_rotate", "sampled"]
+How = Literal["none", "only", "best", "tie_load", "tie_random", "tie_spread", "tie_rotate", "sampled"]
 
 
 class WorkerBreakdown(NamedTuple):
