@@ -89,6 +89,29 @@ async def test_scrape_keeps_last_values_marked_stale_on_failure() -> None:
     assert set(scraper.snapshot()) == {"wb"} and scraper.get("wa") == ScrapedLoad()
 
 
+async def test_each_scrape_records_what_the_router_counted_there_when_it_arrived() -> None:
+    pages, clock = Pages(), Clock()
+    pages.pages = {"a": "vllm:num_requests_running 1\n", "b": "vllm:num_requests_running 0\n"}
+    accounting = Accounting()
+    accounting.start(FlightKey.prefill("p"), "wa", prefill_tokens=2000)
+    scraper = LoadScraper(client=httpx.AsyncClient(transport=httpx.MockTransport(pages.handler)), clock=clock,
+                          counted=accounting.requests)
+    scraper.set_targets({"wa": "http://a", "wb": "http://b"})
+    await scraper.scrape_once()
+    assert scraper.get("wa").counted_at_scrape == 1.0 and scraper.get("wb").counted_at_scrape == 0.0
+    # The prompt ends before the next scrape: the worker reads idle at once, not busy until then.
+    loads = collect_loads([worker("wa")], accounting=accounting, scraped=scraper.lookup())
+    assert loads["wa"].active_requests == 1.0
+    accounting.finish(FlightKey.prefill("p"))
+    loads = collect_loads([worker("wa")], accounting=accounting, scraped=scraper.lookup())
+    assert loads["wa"].active_requests == 0.0
+    unmoved = LoadScraper(client=httpx.AsyncClient(transport=httpx.MockTransport(pages.handler)), clock=clock)
+    unmoved.set_targets({"wa": "http://a"})
+    await unmoved.scrape_once()
+    assert unmoved.get("wa").counted_at_scrape is None
+    assert collect_loads([worker("wa")], accounting=accounting, scraped=unmoved.lookup())["wa"].active_requests == 1.0
+
+
 async def test_scraper_task_runs_and_stops() -> None:
     pages = Pages()
     pages.pages = {"a": PAGE}
@@ -139,6 +162,11 @@ def test_accounting_tracks_tokens_and_blocks() -> None:
             pytest.approx(0.2),
         ),
         (WorkerLoad("w", 100, 1, 0, 0, ScrapedLoad(waiting=30, running=40, kv_usage=0.9, stale=True)), 1.0, 0.0, 1.0),
+        # The engine's count moved by what the router started and saw end since the scrape: its one request there
+        # ended after the scrape (idle now); two outside requests stay counted; two more of its own started since.
+        (WorkerLoad("w", 100, 0, 0, 0, ScrapedLoad(running=1, stale=False, counted_at_scrape=1)), 0.0, 0.0, 1.0),
+        (WorkerLoad("w", 100, 0, 0, 0, ScrapedLoad(running=3, stale=False, counted_at_scrape=1)), 2.0, 0.0, 1.0),
+        (WorkerLoad("w", 100, 3, 0, 0, ScrapedLoad(running=3, stale=False, counted_at_scrape=1)), 5.0, 0.0, 1.0),
         (WorkerLoad("w", 0), 0.0, 0.0, 0.0),
     ],
 )
@@ -161,7 +189,10 @@ def test_collect_loads() -> None:
 def reference_views(load: WorkerLoad) -> tuple[float, float, float]:
     """``active_requests``, ``used_blocks`` and ``free_kv_fraction`` as first written, with ``max``."""
     s = load.scraped
-    active = float(load.inflight_requests) if s.stale else max(float(load.inflight_requests), s.running + s.waiting)
+    engine = s.running + s.waiting
+    if s.counted_at_scrape is not None:
+        engine += load.inflight_requests - s.counted_at_scrape
+    active = float(load.inflight_requests) if s.stale else max(float(load.inflight_requests), engine)
     used = max(float(load.inflight_decode_blocks), 0.0 if s.stale else s.kv_usage * load.kv_capacity_blocks)
     free = 0.0 if load.kv_capacity_blocks <= 0 else max(0.0, 1.0 - used / load.kv_capacity_blocks)
     return active, used, free
@@ -177,6 +208,7 @@ def test_worker_load_views_equal_their_max_definition() -> None:
             running=rng.choice(values),
             kv_usage=rng.choice(values),
             stale=rng.random() < 0.3,
+            counted_at_scrape=rng.choice([None, None, 0.0, 1.0, 4.0]),
         )
         load = WorkerLoad("w", rng.choice([0, 1, 100, -5]), rng.choice([0, 1, 7]), 0, rng.choice([0, 5, 200]), scraped)
         got = (load.active_requests, load.used_blocks, load.free_kv_fraction)
@@ -289,3 +321,13 @@ async def test_load_cache_equals_collect_loads_at_every_step() -> None:
             assert figs[w.worker_id] == figures(want[w.worker_id])
             checked += 1
     assert checked > 2000
+
+
+def test_the_kv_router_moves_its_scrapes_by_its_accounting_unless_told_not_to() -> None:
+    from litellm_disagg.routing.kv.router import KVRouter
+    from litellm_disagg.routing.kv.settings import KVRoutingSettings
+
+    router = KVRouter(KVRoutingSettings.model_validate({"enabled": True}))
+    assert router.scraper.counted == router.accounting.requests
+    plain = KVRouter(KVRoutingSettings.model_validate({"enabled": True, "load": {"advance_scrapes": False}}))
+    assert plain.scraper.counted is None

@@ -130,6 +130,11 @@ class ScrapedLoad:
     generation_tokens: float | None = None
     """Tokens generated since the engine started (its cumulative counter, summed over engines); None when the page
     lacks it."""
+    counted_at_scrape: float | None = None
+    """The router's own count of requests in flight on the worker (``Accounting.requests``: every replica's, where
+    they share them) when these values arrived: ``WorkerLoad.active_requests`` moves the engine's count by what the
+    router started and saw end since, so a worker whose requests ended after the scrape does not read busy until the
+    next one. None: not recorded."""
 
 
 NOT_SCRAPED = ScrapedLoad()
@@ -277,8 +282,10 @@ class LoadScraper:
         on_transfers: Callable[[TransferSample], None] | None = None,
         transfer_carry_s: float = 5.0,
         metrics: MetricNames = VLLM_METRICS,
+        counted: Callable[[str], int] | None = None,
     ):
-        """``on_transfers``: called (on the event loop, never with an exception escaping) with each worker's
+        """``counted(worker_id)``: the router's requests in flight there, read as each scrape arrives
+        (``ScrapedLoad.counted_at_scrape``); ``on_transfers``: called (on the event loop, never with an exception escaping) with each worker's
         ``TransferSample``; ``transfer_carry_s``: how long a one-sided increase waits for its other side;
         ``metrics``: the metric names of a worker whose engine ``set_targets`` does not name. ``client``: an httpx
         client to fetch the pages with (the caller's, not closed here); without one, the scraper's own aiohttp
@@ -298,6 +305,7 @@ class LoadScraper:
         self._default_names = _LoadNames.of(metrics)
         self._names: dict[str, _LoadNames] = {}
         """Per worker: the names its engine publishes (a pool may mix engines)."""
+        self.counted = counted
 
     # -- targets ------------------------------------------------------------------------------------------------------
 
@@ -339,7 +347,7 @@ class LoadScraper:
                 return NOT_SCRAPED
             if not found.stale and now - found.scraped_at > limit:
                 return ScrapedLoad(found.waiting, found.running, found.kv_usage, found.scraped_at, True,
-                                   found.generation_tokens)
+                                   found.generation_tokens, found.counted_at_scrape)
             return found
 
         return get
@@ -370,15 +378,17 @@ class LoadScraper:
             if worker_id in self._targets:
                 base = previous or ScrapedLoad()
                 self._last[worker_id] = ScrapedLoad(
-                    base.waiting, base.running, base.kv_usage, base.scraped_at, True, base.generation_tokens
+                    base.waiting, base.running, base.kv_usage, base.scraped_at, True, base.generation_tokens,
+                    base.counted_at_scrape,
                 )
                 self.version += 1
             return
         if worker_id not in self._targets:  # removed while the scrape was in flight
             return
         now = self._clock()
+        counted = None if self.counted is None else float(self.counted(worker_id))
         self._last[worker_id] = ScrapedLoad(parsed.waiting, parsed.running, parsed.kv_usage, now, False,
-                                            parsed.generation_tokens)
+                                            parsed.generation_tokens, counted)
         self.version += 1
         if self._targets[worker_id] != server_url:  # moved to another URL meanwhile: not the same counters
             return

@@ -114,6 +114,7 @@ class KVRouter:
             headers=worker_headers,
             clock=clock,
             on_transfers=self._transfers_measured,
+            counted=self.accounting.requests if settings.load.advance_scrapes else None,
         )
         self._loads = LoadCache(self.accounting, self.scraper)
         """The load snapshot and its figures, kept between decisions while neither source changed."""

@@ -97,6 +97,11 @@ class LoadSettings(_Strict):
     stale_after_s: Positive = 2.0
     """Scraped values older than this (or from a failed scrape) are ignored; the router's own counts remain."""
     inflight_max_age_s: Positive = 900.0
+    advance_scrapes: bool = True
+    """Move a worker's scraped request count by the requests this router (every replica, where they share their
+    counts) started there and saw end since that scrape: a prefill worker whose prompt finished a moment after the
+    scrape reads idle at once instead of busy until the next scrape (up to ``scrape_interval_s``), when every
+    replica would otherwise send its next cold prompt to the one worker the last scrape caught idle."""
 
 
 class DisaggDecisionSettings(_Strict):
