@@ -456,6 +456,10 @@ def _run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argpars
         config["router_settings"] |= {"redis_host": "127.0.0.1", "redis_port": args.redis_port}
         if args.shared_inflight:
             config.setdefault("litellm_disagg", {})["shared_inflight"] = json.loads(args.shared_inflight)
+    if getattr(args, "kv_routing", None) and arm in KV_ARMS:  # one level deep: {"load": {...}} adds to the arm's load section
+        kv = config["litellm_disagg"]["kv_routing"]
+        for name, value in json.loads(args.kv_routing).items():
+            kv[name] = kv.get(name, {}) | value if isinstance(value, dict) else value
     label = f"{arm}-{run}" + ("" if variant == ONE else f"-{variant.label[1:]}")
     servers = proxy.start_replicas(config, run_dir, label, model=pools.model, count=variant.proxies, timeout_s=600,
                                    metrics_ports=metrics_ports)
@@ -621,6 +625,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shared-inflight",
                    help="JSON for the replicas' litellm_disagg.shared_inflight where they share a Redis "
                         "(e.g. '{\"interval_s\": 0.02}')")
+    p.add_argument("--kv-routing",
+                   help="JSON added to the KV arms' litellm_disagg.kv_routing, one level deep "
+                        "(e.g. '{\"load\": {\"advance_scrapes\": false}}')")
     p.add_argument("--shared-compute", type=float,
                    help="the KV arms' disaggregation.shared_compute, 0-1 (default: for vllm, the share by which the "
                         "one-thread engines outnumber this machine's cores, as `litellm-disagg up` computes it: 1/3 "
