@@ -135,7 +135,9 @@ class ExchangeLoop(ABC):
 
     ``nudge()`` asks for an exchange now rather than at the next tick (something the others should see at once
     happened): at most one such early exchange between two ticks, so a busy replica makes at most two round trips
-    per interval and an idle one's first news goes out within a round trip. With a ``wake_channel`` the exchange
+    per interval and an idle one's first news goes out within a round trip. A replica whose last exchange found no
+    other replica does not exchange early for its own news (one proxy with a Redis kept for LiteLLM's own use pays
+    only its ticks); a replica that joins is seen at the next tick, and reads this one's news there. With a ``wake_channel`` the exchange
     that carries this replica's own news also wakes the others (see the module's docstring), who then nudge
     themselves (without waking anyone in turn)."""
 
@@ -165,6 +167,9 @@ class ExchangeLoop(ABC):
         self.wakeups = 0
         """Wake-ups received from the other replicas."""
         self._listener: asyncio.Task[None] | None = None
+        self.peers: int | None = None
+        """Other replicas' entries in the last good exchange (None: none yet). While it is 0, this replica's own news
+        waits for its tick: nobody would read an early exchange, nor hear its wake-up."""
 
     @property
     def replica(self) -> str:
@@ -203,7 +208,7 @@ class ExchangeLoop(ABC):
     def nudge(self, *, announce: bool = True) -> None:
         """Exchange now, not at the next tick (once per interval; nothing when the loop is not running).
         ``announce``: this replica's own news, so the exchange that carries it wakes the others too."""
-        if self._task is None:
+        if self._task is None or (announce and self.peers == 0):  # alone: a newcomer reads it at the next tick
             return
         if announce:
             self._announce = True
@@ -243,6 +248,7 @@ class ExchangeLoop(ABC):
             if self._last_ok is None or now - self._last_ok >= self._hash.ttl_s:
                 self.forget()
             return False
+        self.peers = len(entries)
         bad = self.take(entries)
         for field in bad:
             if field not in self._distrusted:

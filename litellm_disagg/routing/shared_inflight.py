@@ -68,7 +68,8 @@ class SharedInflightSettings(BaseModel):
     """A prompt this replica sends to be computed (a prefill, or a local prefill on a decode worker) is published at
     once rather than at the next tick, and wakes the other replicas (Redis pub/sub on ``<key>:wake``), who read it at
     once (``ExchangeLoop.nudge``; each at most once between two ticks): they see it a few round trips later instead
-    of up to two intervals. Costs each replica at most one more round trip per interval, and one subscription."""
+    of up to two intervals. Costs each replica at most one more round trip per interval, and one subscription; a
+    replica whose last exchange found no other one makes no early exchange (a newcomer reads it at its next tick)."""
     spread_ties: bool = True
     """Split ties between the replicas (``replica_slot.py``): each draws a tie among equally good workers from its own
     share of them (the live replicas' ids in order give each a rank), so two replicas placing cold prompts at the

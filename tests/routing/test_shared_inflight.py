@@ -226,6 +226,8 @@ async def test_a_prompt_to_compute_is_published_at_once_and_once_per_interval(cl
     accounting = Accounting()
     settings = SharedInflightSettings(enabled=True, key=KEY, interval_s=60.0, ttl_s=120.0)
     a = SharedInflight(accounting, lambda: client, settings, replica="a")
+    peer = SharedInflight(Accounting(), lambda: client, settings, replica="b")
+    assert await peer.exchange()  # another replica's entry: someone to publish early for
 
     async def published() -> dict[str, list[int]] | None:
         raw = await client.hget(KEY, "a")
@@ -252,6 +254,42 @@ async def test_a_prompt_to_compute_is_published_at_once_and_once_per_interval(cl
         assert "p2" not in (await published() or {}) and a.early_exchanges == 1
     finally:
         await a.stop()
+        await peer.stop()
+
+
+async def test_a_replica_alone_makes_no_early_exchange_and_starts_once_another_appears(client):
+    """One proxy with a Redis (LiteLLM's, kept for its own caching or limits) pays only its ticks: nobody would read
+    an early exchange. A replica that joins is seen at the next tick, and early exchanges start from then on."""
+    key = f"{KEY}:alone"
+    await client.delete(key)
+    settings = SharedInflightSettings(enabled=True, key=key, interval_s=0.2, ttl_s=120.0)
+    accounting = Accounting()
+    a = SharedInflight(accounting, lambda: client, settings, replica="a")
+    b_acc = Accounting()
+    b = SharedInflight(b_acc, lambda: client, settings, replica="b")
+
+    async def until(check, what: str) -> None:
+        for _ in range(600):
+            if check():
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{what}: peers {a.peers}, early exchanges {a.early_exchanges}")
+
+    a.start()
+    try:
+        await until(lambda: a.peers is not None, "a's first tick")
+        assert a.peers == 0
+        accounting.start(FlightKey.prefill("p"), "p1", prefill_tokens=500)
+        await asyncio.sleep(0.5)
+        assert a.early_exchanges == 0
+        assert await b.exchange()
+        await until(lambda: a.peers == 1, "a never saw b")
+        assert await b.exchange() and b_acc.requests("p1") == 1  # a's tick carried it
+        accounting.start(FlightKey.prefill("q"), "p2", prefill_tokens=300)
+        await until(lambda: a.early_exchanges == 1, "no early exchange once b was there")
+    finally:
+        await a.stop()
+        await b.stop()
 
 
 async def test_a_prompt_to_compute_wakes_the_other_replicas_who_read_it_at_once(client):
@@ -265,6 +303,7 @@ async def test_a_prompt_to_compute_wakes_the_other_replicas_who_read_it_at_once(
     a_acc, b_acc = Accounting(), Accounting()
     a = SharedInflight(a_acc, lambda: client, settings, replica="a")
     b = SharedInflight(b_acc, lambda: client, settings, replica="b")
+    assert await b.exchange()  # b's entry is there before a's first tick: a is not alone
 
     async def until(check, what: str) -> None:
         for _ in range(600):
