@@ -137,9 +137,9 @@ class ExchangeLoop(ABC):
     happened): at most one such early exchange between two ticks, so a busy replica makes at most two round trips
     per interval and an idle one's first news goes out within a round trip. A replica whose last exchange found no
     other replica does not exchange early for its own news (one proxy with a Redis kept for LiteLLM's own use pays
-    only its ticks); a replica that joins is seen at the next tick, and reads this one's news there. With a ``wake_channel`` the exchange
-    that carries this replica's own news also wakes the others (see the module's docstring), who then nudge
-    themselves (without waking anyone in turn)."""
+    only its ticks); a replica that joins is seen at the next tick, and reads this one's news there. With a
+    ``wake_channel`` the exchange that carries this replica's own news also wakes the others (see the module's
+    docstring), who then nudge themselves (without waking anyone in turn)."""
 
     what = "exchange"
     """How logs and the task name call it."""

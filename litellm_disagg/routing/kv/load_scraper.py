@@ -285,8 +285,8 @@ class LoadScraper:
         counted: Callable[[str], int] | None = None,
     ):
         """``counted(worker_id)``: the router's requests in flight there, read as each scrape arrives
-        (``ScrapedLoad.counted_at_scrape``); ``on_transfers``: called (on the event loop, never with an exception escaping) with each worker's
-        ``TransferSample``; ``transfer_carry_s``: how long a one-sided increase waits for its other side;
+        (``ScrapedLoad.counted_at_scrape``); ``on_transfers``: called (on the event loop, never with an exception
+        escaping) with each worker's ``TransferSample``; ``transfer_carry_s``: how long a one-sided increase waits for its other side;
         ``metrics``: the metric names of a worker whose engine ``set_targets`` does not name. ``client``: an httpx
         client to fetch the pages with (the caller's, not closed here); without one, the scraper's own aiohttp
         session (``metrics_fetch.py``: a quarter of the CPU per page), sending ``headers`` (a worker key)."""
