@@ -47,7 +47,8 @@ class SimProc:
 
     def start(self) -> SimProc:
         argv = [sys.executable, "-m", "litellm_disagg.sim", "--prefill", str(self.prefill), "--decode", str(self.decode),
-                "--name", self.name, "--registry-dir", str(self.registry_dir), "--ttl", "3",
+                "--name", self.name, "--registry-dir", str(self.registry_dir), "--ttl", "10",  # a survivor must not age out of discovery on a starved machine; the kills' failover
+                # never waits for the dead worker's entry to expire (LiteLLM's retries and the stream migration do not)
                 "--heartbeat-interval", "0.5", "--log-level", "WARNING",
                 # Slower than the proxy relays (about 8 tokens/s per stream at this batch): the kill must find streams
                 # still generating on the victim, not already buffered in the proxy's sockets.
@@ -77,7 +78,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[ProxyProc, dict[str, SimProc], int]]
     registry_dir.mkdir()
     metrics_port = free_port()
     config = plugin_only({
-        "registry": {"backend": "file", "path": str(registry_dir), "poll_interval_s": 0.2, "ttl_s": 3},
+        "registry": {"backend": "file", "path": str(registry_dir), "poll_interval_s": 0.2, "ttl_s": 10},
         "sync_interval_s": 0.2,
         "metrics": {"port": metrics_port},
         "migration": {"max_migrations": 3},
