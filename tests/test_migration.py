@@ -47,8 +47,9 @@ class SimProc:
 
     def start(self) -> SimProc:
         argv = [sys.executable, "-m", "litellm_disagg.sim", "--prefill", str(self.prefill), "--decode", str(self.decode),
-                "--name", self.name, "--registry-dir", str(self.registry_dir), "--ttl", "10",  # a survivor must not age out of discovery on a starved machine; the kills' failover
-                # never waits for the dead worker's entry to expire (LiteLLM's retries and the stream migration do not)
+                # A survivor must not age out of discovery on a starved machine (10 s); the kills' failover never waits
+                # for the dead worker's entry to expire (LiteLLM's retries and the stream migration do not).
+                "--name", self.name, "--registry-dir", str(self.registry_dir), "--ttl", "10",
                 "--heartbeat-interval", "0.5", "--log-level", "WARNING",
                 # Slower than the proxy relays (about 8 tokens/s per stream at this batch): the kill must find streams
                 # still generating on the victim, not already buffered in the proxy's sockets.
