@@ -24,6 +24,7 @@ from litellm_disagg.routing.redis_exchange import RedisExchange
 from litellm_disagg.routing.shared_inflight import SharedInflight, SharedInflightSettings, encode, parse_others
 from litellm_disagg.settings import DisaggSettings
 
+from ..kv.zmq_pub import until
 from ..support.redis_server import redis_fixtures, redis_server
 from ..test_routing_units import w
 from .test_route_plan import CHAT, planner
@@ -267,26 +268,18 @@ async def test_a_replica_alone_makes_no_early_exchange_and_starts_once_another_a
     a = SharedInflight(accounting, lambda: client, settings, replica="a")
     b_acc = Accounting()
     b = SharedInflight(b_acc, lambda: client, settings, replica="b")
-
-    async def until(check, what: str) -> None:
-        for _ in range(600):
-            if check():
-                return
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"{what}: peers {a.peers}, early exchanges {a.early_exchanges}")
-
     a.start()
     try:
-        await until(lambda: a.peers is not None, "a's first tick")
+        await until(lambda: a.peers is not None, timeout=6)  # a's first tick
         assert a.peers == 0
         accounting.start(FlightKey.prefill("p"), "p1", prefill_tokens=500)
         await asyncio.sleep(0.5)
         assert a.early_exchanges == 0
         assert await b.exchange()
-        await until(lambda: a.peers == 1, "a never saw b")
+        await until(lambda: a.peers == 1, timeout=6)  # a saw b at its next tick
         assert await b.exchange() and b_acc.requests("p1") == 1  # a's tick carried it
         accounting.start(FlightKey.prefill("q"), "p2", prefill_tokens=300)
-        await until(lambda: a.early_exchanges == 1, "no early exchange once b was there")
+        await until(lambda: a.early_exchanges == 1, timeout=6)  # early exchanges once b was there
     finally:
         await a.stop()
         await b.stop()

@@ -8,6 +8,7 @@ import asyncio
 from litellm_disagg.runtime_config import SglangBootstrapTransfer, TrtllmDisaggTransfer
 from litellm_disagg.sim import SimCluster
 from litellm_disagg.sim.settings import EngineSettings
+from tests.kv.zmq_pub import until
 
 from .conftest import chat_body, fast_settings, metric
 
@@ -70,26 +71,20 @@ async def test_sglang_abort_request_ends_a_waiting_decode_and_a_dead_prefill_fai
         p, d = await cluster.start(prefill=1, decode=1)
         boot = {"bootstrap_host": p.config.transfer.host, "bootstrap_port": p.config.transfer.port, "bootstrap_room": 9}
         waiting = asyncio.create_task(client.post(f"{d.base_url}/chat/completions", json=chat_body() | boot | {"rid": "r9"}))
-        await _until(lambda: "r9" in d.engine.rids)  # registered (a fixed sleep could abort before it arrives)
+        await until(lambda: "r9" in d.engine.rids, timeout=10)  # registered (a fixed sleep could abort before it arrives)
         assert (await client.post(f"{d.server_url}/abort_request", json={"rid": "r9"})).status_code == 200
         r = await asyncio.wait_for(waiting, 5)
         assert r.status_code == 500
         assert (await client.post(f"{d.server_url}/abort_request", json={"rid": "unknown"})).status_code == 200
 
         waiting = asyncio.create_task(client.post(f"{d.base_url}/chat/completions", json=chat_body() | boot | {"bootstrap_room": 10}))
-        await _until(lambda: not d.engine.idle)  # the decode waits for its KV before its prefill worker dies
+        await until(lambda: not d.engine.idle, timeout=10)  # the decode waits for its KV before its prefill worker dies
         await cluster.crash(p.worker_id)  # its bootstrap server is gone: the heartbeat fails the room
         r = await asyncio.wait_for(waiting, 5)
         assert r.status_code == 500
         r = await client.post(f"{d.base_url}/chat/completions", json=chat_body() | boot | {"bootstrap_room": 11})
         assert r.status_code == 500  # nobody at that bootstrap address any more
         assert d.engine.idle
-
-
-async def _until(check, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not check():
-            await asyncio.sleep(0.005)
 
 
 # -- TensorRT-LLM ------------------------------------------------------------------------------------------------------
