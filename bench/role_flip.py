@@ -17,6 +17,12 @@ Per run, interleaved:
   vLLM), and a new worker is started in the new role at once; the clock stops at the first response it serves. The
   new worker is switchable, so the next run flips it back to prefill (not timed) and starts from the same place.
 
+Each flip also prints what the proxy did with the requests between the decision and the first one served in the
+new role (from the plugin's own counters, ``litellm_disagg.metrics.port``): how many went disaggregated and how many
+were prefilled locally and why, and which workers each pool chose, so a slow "first served" can be told apart:
+the flip (published late) or the routing (requests that did not need the new role). ``--prompt-repeat`` lengthens the
+chats (the default is a 30-token prompt) for a workload whose prompts may be worth a remote prefill.
+
 Prints one line per measurement and a table of ranges. Take the exclusive CPU lock on a shared machine
 (``flock -x /tmp/ld-cpu.lock``): the restart arm is CPU-bound (vLLM start-up).
 """
@@ -90,6 +96,48 @@ def prefills_served(worker: Worker) -> float:
                if s.name == "vllm:request_params_max_tokens_bucket" and s.labels.get("le") == "1.0")
 
 
+@dataclass(frozen=True)
+class RoutingCounts:
+    """The plugin's routing counters at one moment (its metrics page): requests by mode, local prefills by reason,
+    workers chosen by (pool, worker)."""
+
+    modes: dict[str, float]
+    local_reasons: dict[str, float]
+    routed: dict[tuple[str, str], float]
+
+    @classmethod
+    def read(cls, url: str) -> RoutingCounts:
+        modes: dict[str, float] = {}
+        reasons: dict[str, float] = {}
+        routed: dict[tuple[str, str], float] = {}
+        for s in samples(httpx.get(url, timeout=10).text):
+            if s.name == "litellm_disagg_requests_total":
+                modes[s.labels.get("mode", "")] = s.value
+            elif s.name == "litellm_disagg_local_prefills_total":
+                reasons[s.labels.get("reason", "")] = s.value
+            elif s.name == "litellm_disagg_routed_total":
+                routed[(s.labels.get("role", ""), s.labels.get("worker", ""))] = s.value
+        return cls(modes, reasons, routed)
+
+    def since(self, before: RoutingCounts) -> str:
+        """What changed since ``before``, one line: ``disaggregated 3, local_prefill 12 (cost_model 12); prefill:
+        switch-1 3; decode: decode-2 15``."""
+        def grown(now: dict, then: dict) -> dict:
+            return {k: now[k] - then.get(k, 0.0) for k in sorted(now) if now[k] - then.get(k, 0.0) > 0}
+
+        modes = grown(self.modes, before.modes)
+        reasons = grown(self.local_reasons, before.local_reasons)
+        routed = grown(self.routed, before.routed)
+        parts = [", ".join(f"{m} {n:.0f}" for m, n in modes.items()) or "no request routed"]
+        if reasons:
+            parts[0] += " (local: " + ", ".join(f"{r} {n:.0f}" for r, n in reasons.items()) + ")"
+        for pool in ("prefill", "decode"):
+            chosen = {worker: n for (role, worker), n in routed.items() if role == pool}
+            if chosen:
+                parts.append(f"{pool}: " + ", ".join(f"{w} {n:.0f}" for w, n in chosen.items()))
+        return "; ".join(parts)
+
+
 @dataclass
 class Completion:
     started: float
@@ -106,6 +154,7 @@ class Load:
     key: str
     interval_s: float = 0.1
     limit: int = 4
+    repeat: int = 4
     done: list[Completion] = field(default_factory=list)
 
     async def run(self, stop_event: asyncio.Event) -> None:
@@ -128,7 +177,7 @@ class Load:
         try:
             r = await client.post("/v1/chat/completions", json={
                 "model": MODEL_NAME, "max_tokens": 4, "temperature": 0,
-                "messages": [{"role": "user", "content": f"Request {i}: which pool serves me? " * 4}]})
+                "messages": [{"role": "user", "content": f"Request {i}: which pool serves me? " * self.repeat}]})
             self.done.append(Completion(started, time.time(), r.headers.get("x-litellm-model-id", ""), r.status_code == 200))
         except httpx.HTTPError:
             self.done.append(Completion(started, time.time(), "", False))
@@ -148,30 +197,40 @@ async def in_thread(fn, *args):
     return await asyncio.to_thread(fn, *args)
 
 
-async def flip_to_decode(registry: Path, worker: Worker, load: Load) -> tuple[float, float]:
+async def flip_to_decode(registry: Path, worker: Worker, load: Load, metrics_url: str,
+                         wait_s: float) -> tuple[float, float | None, str]:
+    """Published after, first served after (None: not within ``wait_s``), what the proxy routed meanwhile."""
+    before = await in_thread(RoutingCounts.read, metrics_url)
     t0 = time.time()
     await FileRegistry(registry).request_role(worker.worker_id, WorkerRole.DECODE)
     await in_thread(wait_published, registry, worker, WorkerRole.DECODE)
     published = time.time() - t0
-    while (first := load.first_by(worker.worker_id, t0)) is None:
+    while (first := load.first_by(worker.worker_id, t0)) is None and time.time() - t0 < wait_s:
         await asyncio.sleep(0.02)
-    return published, first - t0
+    routing = (await in_thread(RoutingCounts.read, metrics_url)).since(before)
+    return published, None if first is None else first - t0, routing
 
 
-async def flip_to_prefill(registry: Path, worker: Worker, load: Load) -> tuple[float, float]:
+async def flip_to_prefill(registry: Path, worker: Worker, load: Load, metrics_url: str,
+                          wait_s: float) -> tuple[float, float | None, str]:
+    """As ``flip_to_decode``."""
     before = await in_thread(prefills_served, worker)
+    counts = await in_thread(RoutingCounts.read, metrics_url)
     t0 = time.time()
     await FileRegistry(registry).request_role(worker.worker_id, WorkerRole.PREFILL)
     await in_thread(wait_published, registry, worker, WorkerRole.PREFILL)
     published = time.time() - t0
     while await in_thread(prefills_served, worker) <= before:
+        if time.time() - t0 >= wait_s:
+            return published, None, (await in_thread(RoutingCounts.read, metrics_url)).since(counts)
         await asyncio.sleep(0.02)
     grew = time.time()
     # The first request served with this worker as its prefill completes right after its prefill; bound it by the
     # first completion that started after the decision and ended after the prefill count grew.
     while not (ends := [c.ended for c in load.done if c.ok and c.started >= t0 and c.ended >= grew - 0.05]):
         await asyncio.sleep(0.02)
-    return published, min(ends) - t0
+    routing = (await in_thread(RoutingCounts.read, metrics_url)).since(counts)
+    return published, min(ends) - t0, routing
 
 
 async def restart_as_decode(run_dir: Path, registry: Path, model_dir: Path, worker: Worker, load: Load,
@@ -188,6 +247,19 @@ async def restart_as_decode(run_dir: Path, registry: Path, model_dir: Path, work
     return new, first - t0
 
 
+def record(results: dict[str, list[float]], n: int, key: str, flip: tuple[float, float | None, str],
+           wait_s: float) -> None:
+    """One flip's figures into ``results`` (``key``: ``P->D`` or ``D->P``), and its line."""
+    published, first, routing = flip
+    results[f"flip {key} published"].append(published)
+    if first is None:
+        results[f"flip {key} not used"].append(1.0)
+    else:
+        results[f"flip {key} first served"].append(first)
+    served = f"not used within {wait_s:.0f} s" if first is None else f"first served {first:.3f} s"
+    print(f"run {n + 1}: flip {key}: published {published:.3f} s, {served}; meanwhile {routing}", flush=True)
+
+
 async def main_async(args: argparse.Namespace) -> dict[str, list[float]]:
     from litellm_disagg.models.tiny import make_tiny_llama
 
@@ -200,7 +272,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, list[float]]:
     workers = [switch, decode]
     results: dict[str, list[float]] = {"flip P->D published": [], "flip P->D first served": [],
                                        "flip D->P published": [], "flip D->P first served": [],
-                                       "restart P->D first served": []}
+                                       "restart P->D first served": [], "flip P->D not used": [],
+                                       "flip D->P not used": []}
     proxy = None
     stop_load = asyncio.Event()
     try:
@@ -209,23 +282,22 @@ async def main_async(args: argparse.Namespace) -> dict[str, list[float]]:
         config = yaml.safe_load((ROOT / "proxy_config.yaml").read_text())
         disagg = config.setdefault("litellm_disagg", {})
         disagg.setdefault("registry", {})["path"] = str(registry)
+        metrics_port = free_port()
+        disagg["metrics"] = {"port": metrics_port}
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
         if args.routing == "round_robin":  # the flip's own time, not a picker's choice between two decode workers
             disagg.setdefault("kv_routing", {})["enabled"] = False
             disagg["picker"] = "round_robin"
         proxy = await in_thread(lambda: proxy_mod.start(config, run_dir, "flip", model=MODEL_NAME))
-        load = Load(proxy.base_url, proxy.key)
+        load = Load(proxy.base_url, proxy.key, repeat=args.prompt_repeat)
         load_task = asyncio.create_task(load.run(stop_load))
         await asyncio.sleep(3)  # steady state
         for n in range(args.runs):
-            published, first = await flip_to_decode(registry, switch, load)
-            results["flip P->D published"].append(published)
-            results["flip P->D first served"].append(first)
-            print(f"run {n + 1}: flip prefill->decode: published {published:.3f} s, first served {first:.3f} s", flush=True)
+            record(results, n, "P->D", await flip_to_decode(registry, switch, load, metrics_url, args.wait_s),
+                   args.wait_s)
             await asyncio.sleep(2)
-            published, first = await flip_to_prefill(registry, switch, load)
-            results["flip D->P published"].append(published)
-            results["flip D->P first served"].append(first)
-            print(f"run {n + 1}: flip decode->prefill: published {published:.3f} s, first served {first:.3f} s", flush=True)
+            record(results, n, "D->P", await flip_to_prefill(registry, switch, load, metrics_url, args.wait_s),
+                   args.wait_s)
             await asyncio.sleep(2)
             switch, took = await restart_as_decode(run_dir, registry, model_dir, switch, load, n)
             workers.append(switch)
@@ -257,13 +329,22 @@ def main() -> None:
                              "round robin with every prompt prefilled remotely: at this light load the shipped "
                              "routing can keep choosing the other decode worker for many seconds, which times the "
                              "picker rather than the flip")
+    parser.add_argument("--prompt-repeat", type=int, default=4,
+                        help="the chat's sentence repeated this many times (4: about 30 prompt tokens with the "
+                             "template; the tiny model's limit is 1,024)")
+    parser.add_argument("--wait-s", type=float, default=60.0,
+                        help="a flip whose new role serves nothing for this long is reported as not used (the "
+                             "routing had no request for it) and the run goes on")
     parser.add_argument("--json", help="also write the figures here")
     args = parser.parse_args()
     interrupt_on_sigterm()  # a killed run still stops its workers (the finally blocks)
     results = asyncio.run(main_async(args))
     print("\n| measurement | runs | min | median | max |\n|---|---|---|---|---|")
     for name, values in results.items():
-        if name == "failed requests":
+        if name == "failed requests" or not values:
+            continue
+        if name.endswith("not used"):
+            print(f"| {name} within {args.wait_s:.0f} s | {len(values)} | | | |")
             continue
         print(f"| {name} | {len(values)} | {min(values):.2f} s | {statistics.median(values):.2f} s | {max(values):.2f} s |")
     print(f"failed requests: {int(results['failed requests'][0])}")
