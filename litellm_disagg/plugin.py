@@ -34,6 +34,7 @@ from litellm_disagg.discovery.factory import make_registry
 from litellm_disagg.discovery.registry import Registry
 from litellm_disagg.engines.base import Endpoint
 from litellm_disagg.gc_freeze import freeze_startup_heap
+from litellm_disagg.log_limit import LogLimit, held_note
 from litellm_disagg.observability.serve import MetricsServer, serve
 from litellm_disagg.routing.controller import DisaggController
 from litellm_disagg.routing.deployments import worker_id_of
@@ -75,6 +76,8 @@ class DisaggPlugin(CustomLogger):
         """Our own metrics port (``metrics.port``), when configured; LiteLLM's ``/metrics`` needs none."""
         self.migrator: Migrator | None = None
         """Continues streams broken mid-answer on another decode worker (``routing/migration.py``), when enabled."""
+        self._dropped_lines = LogLimit()
+        """One "dropped client-supplied" line per API key each 30 s: a client can send it with every call."""
         # Inside the proxy (which has imported its server module and runs a loop), follow its router; anywhere else
         # (tests, scripts, an SDK Router) call attach() yourself.
         if "litellm.proxy.proxy_server" not in sys.modules:
@@ -157,8 +160,10 @@ class DisaggPlugin(CustomLogger):
 
     async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict[str, Any], call_type: Any) -> dict[str, Any]:
         found = strip_transfer_params(data)
-        if found:
-            logger.warning("dropped client-supplied %s", ", ".join(found))
+        if found and (held := self._dropped_lines.take(getattr(user_api_key_dict, "token", None))) is not None:
+            logger.warning("dropped client-supplied %s (key alias %s, user %s, team %s)%s", ", ".join(found),
+                           *(getattr(user_api_key_dict, attr, None) for attr in ("key_alias", "user_id", "team_id")),
+                           held_note(held))
         record_call_type(data, str(call_type))
         record_client_timeout(data)
         record_client_wants_token_ids(data)

@@ -174,3 +174,23 @@ async def test_the_worker_key_is_sent_and_a_refused_key_is_the_workers_fault_not
     with pytest.raises(PrefillUnavailable, match="refuses this proxy's key"):
         await PrefillClient(client=httpx.AsyncClient(transport=transport)).prefill(**args)
     assert seen == ["Bearer sk-worker", None]
+
+
+async def test_an_empty_prefill_pool_logs_one_fallback_line_per_interval_and_counts_every_request(caplog):
+    from litellm_disagg.log_limit import LogLimit
+    from litellm_disagg.observability import metrics
+
+    orch, _ = orchestrator({})
+    now = [0.0]
+    orch._fallback_lines = LogLimit(30.0, clock=lambda: now[0])
+    counter = metrics.AGGREGATED_FALLBACKS.labels(DECODE.model, "no_prefill_worker")
+    before = counter._value.get()
+    with caplog.at_level("WARNING", logger="litellm_disagg.routing.orchestrator"):
+        for _ in range(5):
+            assert (await orch.run(REQ, plan())).mode is Mode.AGGREGATED
+        lines = [r.getMessage() for r in caplog.records if "serving aggregated on" in r.getMessage()]
+        assert len(lines) == 1 and "no prefill worker" in lines[0], lines
+        assert counter._value.get() - before == 5  # the metric counts every one
+        now[0] = 30.0
+        await orch.run(REQ, plan())
+    assert caplog.records[-1].getMessage().endswith("(4 more like it not logged since the last line)")

@@ -41,6 +41,7 @@ from typing import Any
 
 from litellm_disagg.engines import transfer_for
 from litellm_disagg.engines.base import TransferHandle, TransferProtocol
+from litellm_disagg.log_limit import LogLimit, held_note
 from litellm_disagg.observability import metrics
 from litellm_disagg.observability.requests import failover_cause
 from litellm_disagg.routing.accounting import Accounting, FlightKey
@@ -97,6 +98,9 @@ class Orchestrator:
         """How long a failed concurrent prefill keeps ending its decode (the decode may arrive late)."""
         self.abort_interval_s = abort_interval_s
         self._background: set[asyncio.Task[None]] = set()
+        self._fallback_lines = LogLimit()
+        """One "serving aggregated" line per model and cause each 30 s: with an empty prefill pool every request falls
+        back (``AGGREGATED_FALLBACKS`` counts each one)."""
 
     async def run(self, request: DisaggRequest, plan: RoutePlan) -> Outcome:
         decode = plan.decode
@@ -131,7 +135,9 @@ class Orchestrator:
             raise NoPrefillAvailable(reason)
         metrics.REQUESTS.labels(decode.model, Mode.AGGREGATED.value).inc()
         metrics.AGGREGATED_FALLBACKS.labels(decode.model, cause).inc()
-        logger.warning("serving aggregated on %s: %s", decode.worker_id, reason)
+        held = self._fallback_lines.take((decode.model, cause))
+        if held is not None:
+            logger.warning("serving aggregated on %s: %s%s", decode.worker_id, reason, held_note(held))
         return Outcome(Mode.AGGREGATED, decode, reason=reason)
 
     async def _prefill(self, request: DisaggRequest, plan: RoutePlan, prefill: RuntimeConfig) -> Outcome:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from litellm.types.router import CustomRoutingStrategyBase
 
+from litellm_disagg.log_limit import LogLimit, held_note
 from litellm_disagg.routing.accounting import Accounting, FlightKey
 from litellm_disagg.routing.deployments import worker_id_of
 from litellm_disagg.routing.errors import client_error, passthrough_refused, unavailable
@@ -59,6 +60,8 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         self.ask_token_ids = False
         """Ask vLLM decode workers for ``return_token_ids`` (request migration continues from them); the plugin sets
         it when migration is on."""
+        self._dropped_lines = LogLimit()
+        """One "dropped client-supplied" line per model each 30 s: a client can send it with every call."""
 
     # -- installation ------------------------------------------------------------------------------------------------
 
@@ -86,8 +89,8 @@ class DisaggRoutingStrategy(CustomRoutingStrategyBase):
         started = time.monotonic()
         # Whatever happens below, no client-supplied (or stale, on a retry) transfer metadata goes to a worker.
         found = strip_transfer_params(request_kwargs)
-        if found:
-            logger.warning("dropped client-supplied %s for model %s", ", ".join(found), model)
+        if found and (held := self._dropped_lines.take(model)) is not None:
+            logger.warning("dropped client-supplied %s for model %s%s", ", ".join(found), model, held_note(held))
         try:
             healthy = await self._router.async_get_healthy_deployments(
                 model=model,
