@@ -95,6 +95,17 @@ async def test_a_local_choice_calls_no_prefill_even_without_fallback():
     assert outcome.mode is Mode.AGGREGATED and outcome.reason == "mode never" and seen == []
 
 
+async def test_a_lone_aggregated_worker_is_served_even_with_fallback_refused(caplog):
+    from litellm_disagg.routing.route_plan import ONLY_ITSELF
+
+    orch, seen = orchestrator({}, aggregated_fallback=False)
+    both = worker("b", "both")
+    with caplog.at_level("WARNING", logger="litellm_disagg.routing.orchestrator"):
+        outcome = await orch.run(REQ, RoutePlan(both, (), ONLY_ITSELF, ONLY_ITSELF))
+    assert outcome.mode is Mode.AGGREGATED and outcome.reason == ONLY_ITSELF and seen == []
+    assert not [r for r in caplog.records if "serving aggregated" in r.getMessage()]  # the layout, not a fallback
+
+
 async def test_a_worker_that_went_cooling_is_tried_last_and_load_is_released():
     cooldown = FailureCooldown(cooldown_s=60)
     cooldown.failed("p1")

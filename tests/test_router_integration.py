@@ -326,3 +326,13 @@ async def test_a_stream_ends_its_in_flight_entry_at_its_last_chunk(stack, monkey
         seen_during.append(stack.controller.accounting.requests("d1"))
     assert seen_during[0] == 1  # in flight while it streams
     assert stack.controller.accounting.requests("d1") == 0  # ended with the stream, no event needed
+
+
+async def test_a_lone_aggregated_worker_serves_even_with_the_fallback_turned_off(stack):
+    # One `both` worker is a layout, not a prefill pool that failed: aggregated_fallback: false must not refuse it.
+    stack.settings = stack.settings.model_copy(update={"aggregated_fallback": False})
+    both = await stack.add("b1", "both")
+    await stack.start()
+    assert (await chat(stack)).choices[0].message.content == ANSWER
+    [served] = await recorded(both)
+    assert "kv_transfer_params" not in served["body"]

@@ -113,7 +113,7 @@ from litellm_disagg.version import __version__
 
 MODES: Final = ("disaggregated", "local_prefill", "aggregated")
 """disaggregated: remote prefill; local_prefill: the decode worker prefilled by choice; aggregated: a fallback."""
-LOCAL_REASONS: Final = ("not_splittable", "cost_model", "threshold", "mode_never", "other")
+LOCAL_REASONS: Final = ("not_splittable", "cost_model", "threshold", "mode_never", "aggregated_worker", "other")
 FAILOVER_CAUSES: Final = ("timeout", "connection", "overloaded", "server_error", "bad_response")
 FALLBACK_CAUSES: Final = ("no_prefill_worker", "prefill_failed")
 FAILURE_CAUSES: Final = ("worker", "other")

@@ -40,10 +40,12 @@ def mode_of(plan: RoutePlan, outcome: Outcome) -> str:
 
 def local_reason_label(reason: str) -> str:
     """The bounded label (``metrics.LOCAL_REASONS``) for a route plan's free-text local-prefill reason."""
-    from litellm_disagg.routing.route_plan import NOT_SPLITTABLE
+    from litellm_disagg.routing.route_plan import NOT_SPLITTABLE, ONLY_ITSELF
 
     if reason == NOT_SPLITTABLE:
         return "not_splittable"
+    if reason == ONLY_ITSELF:
+        return "aggregated_worker"
     if reason == "mode never":
         return "mode_never"
     if reason.startswith("override:"):

@@ -31,11 +31,24 @@ if TYPE_CHECKING:
 
 NOT_SPLITTABLE = "request has several prompts or completions"
 DECODE_CANNOT_PREFILL = "the decode worker cannot prefill (its engine's decode mode needs a remote prefill)"
+ONLY_ITSELF = "an aggregated worker with no other worker able to prefill for it"
+"""A ``both`` worker whose model has no other routable prefill-capable worker (one ``both`` worker, or a pool the
+planner made all but one decode): prefilling its own prompts is the layout, not a fallback; a choice the orchestrator
+never refuses."""
 
 
 def serves_alone(decode: RuntimeConfig) -> bool:
     """Whether ``decode`` can compute a prompt itself: any worker that can prefill, or whose engine allows it."""
     return decode.role.can_prefill or transfer_for(decode).decode_serves_alone
+
+
+def _others_can_prefill(pool: WorkerPool, decode: RuntimeConfig) -> bool:
+    """Whether a routable worker other than ``decode`` could prefill for it (in failure cooldown or not)."""
+    return any(
+        w.worker_id != decode.worker_id
+        for w in filters.apply((filters.routable, filters.role(WorkerRole.PREFILL), filters.same_transfer(decode)),
+                               pool.for_model(decode.model))
+    )
 
 
 class NoDecodeWorker(Exception):
@@ -146,9 +159,13 @@ class RoutePlanner:
             by_id = {p.worker_id: p for p in prefill_candidates}
             order = tuple(by_id[wid] for wid in prefill_selection.ranking() if wid in by_id)
             return RoutePlan(decode, order, None, decision.reason, **common)  # type: ignore[arg-type]
-        # No prefill worker at all is a fallback (the orchestrator may refuse it), not a choice.
-        local_reason = None if decision.reason == NO_PREFILL_WORKER else decision.reason
-        return RoutePlan(decode, (), local_reason, decision.reason, **common)  # type: ignore[arg-type]
+        # No prefill worker at all is a fallback (the orchestrator may refuse it), not a choice, unless the decode worker
+        # is an aggregated one and nothing else could prefill for it even out of cooldown: then it is the layout.
+        if decision.reason == NO_PREFILL_WORKER:
+            if decode.role.can_prefill and not _others_can_prefill(pool, decode):
+                return RoutePlan(decode, (), ONLY_ITSELF, ONLY_ITSELF, **common)  # type: ignore[arg-type]
+            return RoutePlan(decode, (), None, decision.reason, **common)  # type: ignore[arg-type]
+        return RoutePlan(decode, (), decision.reason, decision.reason, **common)  # type: ignore[arg-type]
 
     def replacement_decode(
         self, plan: RoutePlan, pool: WorkerPool, candidates: Sequence[RuntimeConfig], *, prefill_worker_id: str | None

@@ -18,7 +18,7 @@ from litellm_disagg.observability.requests import RequestMetrics, failover_cause
 from litellm_disagg.observability.serve import MetricsSettings, metrics_endpoints, serve
 from litellm_disagg.routing.orchestrator import Mode, Outcome
 from litellm_disagg.routing.pool import WorkerPool
-from litellm_disagg.routing.route_plan import NOT_SPLITTABLE, RoutePlan
+from litellm_disagg.routing.route_plan import NOT_SPLITTABLE, ONLY_ITSELF, RoutePlan
 from litellm_disagg.runtime_config import RuntimeConfig
 from litellm_disagg.transfer.prefill import PrefillUnavailable
 from litellm_disagg.workers.wrapper import free_port
@@ -134,6 +134,7 @@ def test_modes_reasons_and_causes_come_from_bounded_sets():
     assert local_reason_label("mode never") == "mode_never"
     assert local_reason_label("override: 10 uncached tokens < 64") == "threshold"
     assert local_reason_label("local 1.0 ms <= remote 2.0 ms") == "cost_model"
+    assert local_reason_label(ONLY_ITSELF) == "aggregated_worker"
     assert local_reason_label("anything else") == "other"
 
     def unavailable(message: str, cause: BaseException | None = None) -> PrefillUnavailable:

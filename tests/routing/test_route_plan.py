@@ -13,7 +13,7 @@ from litellm_disagg.routing.pipeline.profile import PICKER_PROFILES
 from litellm_disagg.routing.pipeline.providers import LoadProvider
 from litellm_disagg.routing.pool import WorkerPool
 from litellm_disagg.routing.request import DisaggRequest
-from litellm_disagg.routing.route_plan import NOT_SPLITTABLE, NoDecodeWorker, RoutePlanner
+from litellm_disagg.routing.route_plan import NOT_SPLITTABLE, ONLY_ITSELF, NoDecodeWorker, RoutePlanner
 
 from ..test_routing_units import w
 
@@ -53,6 +53,21 @@ async def test_requests_that_cannot_be_split_and_missing_prefill_workers():
     assert plan.prefill_order == () and plan.local_reason is None  # a fallback, for the orchestrator to allow or refuse
     with pytest.raises(NoDecodeWorker):
         await planner(Accounting()).plan(CHAT, alone, [w("d9", state="draining")])
+
+
+async def test_an_aggregated_worker_with_nobody_else_to_prefill_serves_by_layout_not_as_a_fallback():
+    alone = WorkerPool.of([w("b1", "both"), w("px", "prefill", model="other")])
+    plan = await planner(Accounting()).plan(CHAT, alone, alone.decode_candidates("tiny"))
+    assert plan.prefill_order == () and plan.local_reason == ONLY_ITSELF  # a choice: never refused, not counted a fallback
+    two = WorkerPool.of([w("b1", "both"), w("b2", "both")])
+    plan = await planner(Accounting()).plan(CHAT, two, two.decode_candidates("tiny"))
+    assert [p.worker_id for p in plan.prefill_order] == ["b2" if plan.decode.worker_id == "b1" else "b1"]
+    # A prefill worker that exists but sits in failure cooldown: still a fallback (its pool is down, not absent).
+    cooldown = FailureCooldown(cooldown_s=60)
+    cooldown.failed("p1")
+    cooled = WorkerPool.of([w("b1", "both"), w("p1", "prefill")])
+    plan = await planner(Accounting(), cooldown).plan(CHAT, cooled, [w("b1", "both")])
+    assert plan.prefill_order == () and plan.local_reason is None
 
 
 async def test_cooling_workers_go_last_and_the_provider_decides_local():
