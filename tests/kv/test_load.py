@@ -323,11 +323,11 @@ async def test_load_cache_equals_collect_loads_at_every_step() -> None:
     assert checked > 2000
 
 
-def test_the_kv_router_moves_its_scrapes_by_its_accounting_unless_told_not_to() -> None:
+def test_the_kv_router_moves_its_scrapes_by_its_accounting_only_when_told_to() -> None:
     from litellm_disagg.routing.kv.router import KVRouter
     from litellm_disagg.routing.kv.settings import KVRoutingSettings
 
-    router = KVRouter(KVRoutingSettings.model_validate({"enabled": True}))
-    assert router.scraper.counted == router.accounting.requests
-    plain = KVRouter(KVRoutingSettings.model_validate({"enabled": True, "load": {"advance_scrapes": False}}))
+    moved = KVRouter(KVRoutingSettings.model_validate({"enabled": True, "load": {"advance_scrapes": True}}))
+    assert moved.scraper.counted == moved.accounting.requests
+    plain = KVRouter(KVRoutingSettings.model_validate({"enabled": True}))  # off by default since 2026-12-07
     assert plain.scraper.counted is None

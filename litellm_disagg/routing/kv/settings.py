@@ -97,11 +97,15 @@ class LoadSettings(_Strict):
     stale_after_s: Positive = 2.0
     """Scraped values older than this (or from a failed scrape) are ignored; the router's own counts remain."""
     inflight_max_age_s: Positive = 900.0
-    advance_scrapes: bool = True
+    advance_scrapes: bool = False
     """Move a worker's scraped request count by the requests this router (every replica, where they share their
     counts) started there and saw end since that scrape: a prefill worker whose prompt finished a moment after the
     scrape reads idle at once instead of busy until the next scrape (up to ``scrape_interval_s``), when every
-    replica would otherwise send its next cold prompt to the one worker the last scrape caught idle."""
+    replica would otherwise send its next cold prompt to the one worker the last scrape caught idle. Off by default
+    since 2026-12-07: on one proxy over aggregated workers at a fifth of the simulator's speed it put more new
+    conversations' cold prompts on workers whose own conversations were about to send their next turn (multi-turn
+    TTFT p50 1.19-1.30x the oracle's against 1.04-1.06x off, 3 runs each); through four replicas its measured gain
+    was one run in eleven (docs/benchmarks.md)."""
 
 
 class DisaggDecisionSettings(_Strict):

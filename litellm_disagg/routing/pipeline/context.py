@@ -49,9 +49,10 @@ class WorkerLoad(NamedTuple):
     @property
     def active_requests(self) -> float:
         """Requests running or queued there: the larger of the router's count and the engine's (which also sees
-        other routers' requests, but lags by up to a scrape interval). The engine's count is moved by what the
-        router started there and saw end since the scrape (``ScrapedLoad.counted_at_scrape``), so a worker whose
-        requests just ended reads idle at once, not a scrape later."""
+        other routers' requests, but lags by up to a scrape interval). Where the scraper records
+        ``ScrapedLoad.counted_at_scrape`` (``kv_routing.load.advance_scrapes``), the engine's count is moved by what
+        the router started there and saw end since the scrape, so a worker whose requests just ended reads idle at
+        once, not a scrape later."""
         scraped = self.scraped
         ours = float(self.inflight_requests)
         if scraped.stale:
