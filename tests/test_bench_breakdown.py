@@ -53,3 +53,12 @@ def test_failed_or_untraced_requests_are_left_out_and_the_slowest_come_first():
     assert [b.user for b in breakdown.slowest(rows, fraction=0.02, at_least=2)] == ["s3#0", "s2#0"]
     assert breakdown.medians(rows)["queue"] == pytest.approx(10)
     assert "slowest 3 of 4" in breakdown.table("kv_aware", rows)
+
+
+def test_mostly_cached_requests_behind_a_long_prefill_are_counted():
+    def row(cached: int, ahead: int) -> breakdown.Breakdown:
+        return breakdown.Breakdown("u#1", 100.0, "w", None, 4000, cached, 1, 0, ahead, 0, {"proxy_in": 1.0,
+                                   "queue": 50.0, "prefill": 48.0, "proxy_out": 1.0})
+    rows = [row(3900, 4077), row(3900, 100), row(2000, 1024), row(0, 4077), row(1999, 4077)]
+    assert breakdown.behind_long_prefill(rows) == (3, 2)  # the cold one and the mostly uncached one are not counted
+    assert "mostly cached requests behind a long prefill (1024+ tokens ahead): 2 of 3" in breakdown.table("kv", rows)

@@ -155,6 +155,19 @@ def means(rows: Sequence[Breakdown]) -> dict[str, float]:
     return out
 
 
+LONG_PREFILL_AHEAD = 1024
+"""Prompt tokens still to compute ahead of a request on its worker from which ``behind_long_prefill`` counts it."""
+
+
+def behind_long_prefill(rows: Sequence[Breakdown], ahead_min: int = LONG_PREFILL_AHEAD) -> tuple[int, int]:
+    """(reused, behind): requests that found most of their prompt cached (a conversation's next turn, a shared
+    document), and how many of them arrived on their worker behind at least ``ahead_min`` prompt tokens still to
+    compute (typically another request's cold prompt). Placing a cold prompt on a worker that is about to get such a
+    request costs that request a prefill's wait: the count shows how often a placement did (issue 13 item 4)."""
+    reused = [b for b in rows if b.cached_tokens * 2 >= b.prompt_tokens > 0]
+    return len(reused), sum(1 for b in reused if b.prefill_tokens_ahead >= ahead_min)
+
+
 def table(arm: str, rows: Sequence[Breakdown], fraction: float = 0.02) -> str:
     """The slowest requests of one arm, part by part, and the p50 of each part over all of them."""
     if not rows:
@@ -176,4 +189,8 @@ def table(arm: str, rows: Sequence[Breakdown], fraction: float = 0.02) -> str:
     lines.append("  p50 over all: " + ", ".join(f"{k} {v:.1f}" for k, v in mid.items()))
     mean = means(rows)
     lines.append("  mean over all (the parts add up to TTFT): " + ", ".join(f"{k} {v:.1f}" for k, v in mean.items()))
+    reused, behind = behind_long_prefill(rows)
+    if reused:
+        lines.append(f"  mostly cached requests behind a long prefill ({LONG_PREFILL_AHEAD}+ tokens ahead): {behind} of "
+                     f"{reused}")
     return "\n".join(lines)
