@@ -336,3 +336,16 @@ async def test_a_lone_aggregated_worker_serves_even_with_the_fallback_turned_off
     assert (await chat(stack)).choices[0].message.content == ANSWER
     [served] = await recorded(both)
     assert "kv_transfer_params" not in served["body"]
+
+
+async def test_the_strategy_drops_transfer_metadata_on_every_call_and_says_so_once_per_interval(stack, caplog):
+    # Past the pre-call hook (a retry's kwargs, a caller of the Router itself): the strategy strips it again.
+    decode = await stack.add("d1", "decode")
+    await stack.start()
+    with caplog.at_level("WARNING", logger="litellm_disagg.routing.strategy"):
+        for _ in range(3):
+            await stack.router.acompletion(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=7,
+                                           kv_transfer_params={"remote_block_ids": [[1]]})
+    assert all("kv_transfer_params" not in d["body"] for d in await recorded(decode))
+    lines = [r.getMessage() for r in caplog.records if "client-supplied" in r.getMessage()]
+    assert len(lines) == 1 and MODEL in lines[0], lines
