@@ -21,7 +21,7 @@ Each flip also prints what the proxy did with the requests between the decision 
 new role (from the plugin's own counters, ``litellm_disagg.metrics.port``): how many went disaggregated and how many
 were prefilled locally and why, and which workers each pool chose, so a slow "first served" can be told apart:
 the flip (published late) or the routing (requests that did not need the new role). ``--prompt-repeat`` lengthens the
-chats (the default is a 30-token prompt) for a workload whose prompts may be worth a remote prefill.
+chats (the default is a 70-token prompt with the chat template) for a workload whose prompts may be worth a remote prefill.
 
 Prints one line per measurement and a table of ranges. Take the exclusive CPU lock on a shared machine
 (``flock -x /tmp/ld-cpu.lock``): the restart arm is CPU-bound (vLLM start-up).
@@ -330,7 +330,7 @@ def main() -> None:
                              "routing can keep choosing the other decode worker for many seconds, which times the "
                              "picker rather than the flip")
     parser.add_argument("--prompt-repeat", type=int, default=4,
-                        help="the chat's sentence repeated this many times (4: about 30 prompt tokens with the "
+                        help="the chat's sentence repeated this many times (4: about 70 prompt tokens with the "
                              "template; the tiny model's limit is 1,024)")
     parser.add_argument("--wait-s", type=float, default=60.0,
                         help="a flip whose new role serves nothing for this long is reported as not used (the "
