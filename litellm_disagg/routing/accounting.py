@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import attrgetter
+from typing import Protocol
 
 from litellm_disagg.routing.replica_slot import ReplicaSlot
 
@@ -79,6 +80,16 @@ class _Entry:
     pull_tokens: int = 0
 
 
+class PrefillWatcher(Protocol):
+    """Told when a call's prompt tokens to compute start and stop counting (``kv/prefill_progress.py``)."""
+
+    def sent(self, key: FlightKey, worker_id: str, tokens: int, at: float) -> None: ...
+
+    def over(self, key: FlightKey, at: float) -> None: ...
+
+    def dropped(self, key: FlightKey) -> None: ...
+
+
 class Accounting:
     def __init__(self, *, max_age_s: float = 900.0, clock: Callable[[], float] = time.monotonic):
         self.max_age_s = max_age_s
@@ -95,6 +106,10 @@ class Accounting:
         self.replica_slot: ReplicaSlot | None = None
         """This replica's slot among the live proxy replicas (set by the in-flight exchange; None: alone, or not
         known): every decision's scoring context carries it, and the picker splits ties by it."""
+        self.prefill_watcher: PrefillWatcher | None = None
+        """Told of every call's prompt tokens to compute: sent (``start``), over (``prefill_done``), or dropped
+        (``finish`` before ``prefill_done``): KV-aware routing's ``PrefillProgress`` estimates from them how far each
+        worker has got."""
         self.on_prefill_queued: Callable[[], None] | None = None
         """Called after a ``start`` that queues prompt tokens to compute on a worker: the in-flight exchange between
         proxy replicas publishes it at once (``ExchangeLoop.nudge``), so another replica about to place a prompt
@@ -108,7 +123,8 @@ class Accounting:
         """Count a call sent to ``worker_id`` (replacing any entry under ``key``). ``pull_tokens``: prompt tokens
         whose KV reaches ``worker_id`` by transfer (a decode prefilled remotely), until ``prefill_done``."""
         self.finish(key)
-        self._entries[key] = _Entry(worker_id, prefill_tokens, decode_blocks, self._clock(), pull_tokens)
+        now = self._clock()
+        self._entries[key] = _Entry(worker_id, prefill_tokens, decode_blocks, now, pull_tokens)
         self.version += 1
         self._requests[worker_id] += 1
         if prefill_tokens:
@@ -117,6 +133,8 @@ class Accounting:
             self._decode[worker_id] += decode_blocks
         if pull_tokens:
             self._pull[worker_id] += pull_tokens
+        if prefill_tokens and self.prefill_watcher is not None:
+            self.prefill_watcher.sent(key, worker_id, prefill_tokens, now)
         if prefill_tokens and self.on_prefill_queued is not None:
             self.on_prefill_queued()
 
@@ -126,6 +144,8 @@ class Accounting:
         entry = self._entries.get(key)
         if entry is None or not (entry.prefill_tokens or entry.pull_tokens):
             return
+        if entry.prefill_tokens and self.prefill_watcher is not None:
+            self.prefill_watcher.over(key, self._clock())
         _sub(self._prefill, entry.worker_id, entry.prefill_tokens)
         _sub(self._pull, entry.worker_id, entry.pull_tokens)
         entry.prefill_tokens = entry.pull_tokens = 0
@@ -139,6 +159,8 @@ class Accounting:
             return None
         del self._entries[key]
         self.version += 1
+        if entry.prefill_tokens and self.prefill_watcher is not None:
+            self.prefill_watcher.dropped(key)
         _sub(self._requests, entry.worker_id, 1)
         _sub(self._prefill, entry.worker_id, entry.prefill_tokens)
         _sub(self._decode, entry.worker_id, entry.decode_blocks)

@@ -157,6 +157,7 @@ class Orchestrator:
                 request_id=request.request_id,
                 prompt_tokens=plan.prompt.num_tokens if plan.prompt is not None else None,
             )
+            self.accounting.prefill_done(key)  # its prompt is computed: seen over (``PrefillProgress``), then ended
         finally:
             self.accounting.finish(key)
         metrics.REQUESTS.labels(plan.decode.model, Mode.DISAGGREGATED.value).inc()
@@ -220,6 +221,7 @@ class Orchestrator:
                 request_id=request.request_id,
                 handle=handle,
             )
+            self.accounting.prefill_done(key)
         except Exception as exc:  # PrefillError, or the client closing under it: either way no KV will come
             if isinstance(exc, PrefillUnavailable):
                 metrics.PREFILL_FAILOVERS.labels(plan.decode.model, prefill.worker_id, failover_cause(exc)).inc()

@@ -37,12 +37,13 @@ from litellm_disagg.engines import engine_for
 from litellm_disagg.routing.accounting import Accounting, FlightKey
 from litellm_disagg.routing.kv.block_hash import PromptBlocks
 from litellm_disagg.routing.kv.decode_watch import DecodeWatch
-from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, DisaggDecision, DisaggInputs
+from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, DisaggDecision, DisaggInputs, LinearEstimate
 from litellm_disagg.routing.kv.event_applier import ApplierStats, EventApplier
 from litellm_disagg.routing.kv.event_subscriber import BadEndpoint, KVEventSubscriber
 from litellm_disagg.routing.kv.in_flight_prefix import usable_now
 from litellm_disagg.routing.kv.live_sessions import LiveSessions
 from litellm_disagg.routing.kv.load_scraper import LoadScraper, TransferSample
+from litellm_disagg.routing.kv.prefill_progress import PrefillProgress
 from litellm_disagg.routing.kv.prefill_seen import PrefillSeen
 from litellm_disagg.routing.kv.prefix_index import IndexStats, PrefixIndex
 from litellm_disagg.routing.kv.settings import KVRoutingSettings
@@ -100,6 +101,17 @@ class KVRouter:
         self.decode_watch = DecodeWatch(self.decider, max_age_s=settings.load.inflight_max_age_s, clock=clock)
         self.prefill_seen = PrefillSeen()
         """Calls whose prefill ends when their decode worker's events show the prompt's last block."""
+        self.progress: PrefillProgress | None = None
+        """How far each worker has got through the prompts sent it (``load.prefill_progress``): the scoring context's
+        ``prefill_computed``."""
+        if settings.load.prefill_progress and self.accounting.prefill_watcher is None:
+            d = settings.disaggregation
+            self.progress = PrefillProgress(
+                LinearEstimate(d.prior_prefill_overhead_s, d.prior_prefill_tokens_per_s),
+                halflife_observations=d.halflife_observations,
+            )
+            self.accounting.prefill_watcher = self.progress
+        self._clock = clock
         self.tokenizer = PromptTokenizer(settings.tokenizer, client=http_client, headers=worker_headers)
         self._tp_sizes: dict[str, int] = {}
         self._models: dict[str, str] = {}
@@ -228,6 +240,7 @@ class KVRouter:
             loads=loads,
             live_sessions=self.sessions.counts(),
             figures=figures,
+            prefill_computed=self.progress.computed_all(self._clock()) if self.progress is not None else None,
             replica=self.accounting.replica_slot,
         )
 
@@ -357,6 +370,8 @@ class KVRouter:
         self._indexed.pop(worker_id, None)
         self.sessions.forget(worker_id)
         self.prefill_seen.forget(worker_id)
+        if self.progress is not None:
+            self.progress.forget(worker_id)
         self.index.remove_worker(worker_id)
         subscriber = self._subscribers.pop(worker_id, None)
         if subscriber is None:

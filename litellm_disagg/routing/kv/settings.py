@@ -106,6 +106,11 @@ class LoadSettings(_Strict):
     conversations' cold prompts on workers whose own conversations were about to send their next turn (multi-turn
     TTFT p50 1.19-1.30x the oracle's against 1.04-1.06x off, 3 runs each); through four replicas its measured gain
     was one run in eleven (docs/benchmarks.md)."""
+    prefill_progress: bool = False
+    """Estimate how far each worker has got through the prompts this router sent it (``prefill_progress.py``: in the
+    order sent, at a prefill rate fitted from the prefills seen over) and score its queued prefill by what is left,
+    not by the whole of every prompt until its first token: of workers all busy with a cold prompt, the one nearest
+    the end of its prompt is the cheapest. Off: every queued prompt counts whole until its prefill is seen over."""
 
 
 class DisaggDecisionSettings(_Strict):

@@ -105,6 +105,18 @@ class ScoringContext:
     replica: ReplicaSlot | None = None
     """This proxy replica's slot among the live replicas (``Accounting.replica_slot``): the picker splits ties by it.
     None: a replica alone."""
+    prefill_computed: Mapping[str, int] | None = None
+    """Per worker: tokens of the prompts this router sent it that are estimated computed already, though their
+    prefill is not yet seen over (``routing/kv/prefill_progress.py``, ``kv_routing.load.prefill_progress``; absent:
+    0). The ``kv_cost`` scorer counts a worker's queued prefill less these. None: not estimated."""
+
+    def queued_prefill_tokens(self, worker_id: str, queued: int) -> int:
+        """A worker's queued prefill tokens (``queued``: its in-flight figure) less those estimated computed."""
+        computed = self.prefill_computed
+        if not computed:
+            return queued
+        left = queued - computed.get(worker_id, 0)
+        return left if left > 0 else 0
 
     def cached(self, worker_id: str) -> int:
         return self.cached_tokens.get(worker_id, 0)

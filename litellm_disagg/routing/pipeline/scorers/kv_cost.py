@@ -3,7 +3,9 @@
     prefill * (uncached blocks of this prompt + blocks queued for prefill there)
       + decode * KV blocks in use there + active * requests running or queued there
 
-The weights of the three terms (``CostWeights``) come from the pool's profile. ``costs()`` keeps the terms, so a
+Blocks queued for prefill are the worker's in-flight prefill tokens, less those estimated computed already where the
+context carries that estimate (``ScoringContext.prefill_computed``, ``kv_routing.load.prefill_progress``). The
+weights of the three terms (``CostWeights``) come from the pool's profile. ``costs()`` keeps the terms, so a
 selection can explain itself.
 """
 
@@ -41,7 +43,7 @@ def kv_cost(ctx: ScoringContext, worker: RuntimeConfig, weights: CostWeights) ->
     wid = worker.worker_id
     load = ctx.loads.get(wid) or WorkerLoad(wid, worker.kv_capacity_blocks)
     uncached = -(-max(0, ctx.prompt_tokens - ctx.cached_tokens.get(wid, 0)) // size)
-    queued = -(-load.inflight_prefill_tokens // size)
+    queued = -(-ctx.queued_prefill_tokens(wid, load.inflight_prefill_tokens) // size)
     used = load.used_blocks
     active = load.active_requests
     total = weights.prefill * (uncached + queued) + weights.decode * used + weights.active * active
@@ -62,6 +64,7 @@ class KVCostScorer:
         prompt_tokens = ctx.prompt_tokens
         cached = ctx.cached_tokens.get
         loads = ctx.loads.get
+        queued_of = ctx.queued_prefill_tokens
         make = tuple.__new__
         out: dict[str, CostTerms] = {}
         for worker in candidates:
@@ -70,7 +73,7 @@ class KVCostScorer:
             load = loads(wid) or WorkerLoad(wid, worker.kv_capacity_blocks)
             left = prompt_tokens - cached(wid, 0)
             uncached = -(-(left if left > 0 else 0) // size)  # max(0, left), ceil-divided
-            queued = -(-load.inflight_prefill_tokens // size)
+            queued = -(-queued_of(wid, load.inflight_prefill_tokens) // size)
             used = load.used_blocks
             active = load.active_requests
             total = w_prefill * (uncached + queued) + w_decode * used + w_active * active
@@ -86,6 +89,7 @@ class KVCostScorer:
         w_prefill, w_decode, w_active = weights.prefill, weights.decode, weights.active
         prompt_tokens = ctx.prompt_tokens
         cached = ctx.cached_tokens.get
+        computed = ctx.prefill_computed or {}
         uncached_l: list[int] = []
         queued_l: list[int] = []
         total_l: list[float] = []
@@ -93,6 +97,10 @@ class KVCostScorer:
             size = worker.block_size
             left = prompt_tokens - cached(worker.worker_id, 0)
             uncached = -(-(left if left > 0 else 0) // size)  # max(0, left), ceil-divided
+            if computed:
+                queued_tokens -= computed.get(worker.worker_id, 0)
+                if queued_tokens < 0:
+                    queued_tokens = 0
             queued = -(-queued_tokens // size)
             uncached_l.append(uncached)
             queued_l.append(queued)
