@@ -205,3 +205,21 @@ async def test_an_empty_prefill_pool_logs_one_fallback_line_per_interval_and_cou
         now[0] = 30.0
         await orch.run(REQ, plan())
     assert caplog.records[-1].getMessage().endswith("(4 more like it not logged since the last line)")
+
+
+async def test_a_remote_prefills_response_marks_its_prompt_computed_and_a_failed_one_is_dropped():
+    """``PrefillProgress`` learns its line from prefills seen over: a remote prefill is over when its worker answers
+    (``prefill_done`` before the flight ends); one that failed is dropped, never observed."""
+    from litellm_disagg.routing.kv.block_hash import PromptBlocks
+    from litellm_disagg.routing.kv.disagg_decision import LinearEstimate
+    from litellm_disagg.routing.kv.prefill_progress import PrefillProgress
+
+    orch, seen = orchestrator({"p1": 500, "p2": "ok"})
+    progress = PrefillProgress(LinearEstimate(0.0, 1000.0))
+    orch.accounting.prefill_watcher = progress
+    prompted = RoutePlan(DECODE, (worker("p1", "prefill"), worker("p2", "prefill")), None, "test",
+                         prompt=PromptBlocks(list(range(64))))
+    outcome = await orch.run(REQ, prompted)
+    assert outcome.prefill_worker_id == "p2" and seen == ["p1", "p2"]
+    assert progress.line.observations == 1  # p2's answer; p1's failure is not an observation
+    assert len(progress) == 0 and len(orch.accounting) == 0

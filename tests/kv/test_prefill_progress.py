@@ -32,8 +32,21 @@ def test_a_prompt_is_computed_at_the_line_rate_from_its_sending() -> None:
     p.sent("x", "w", 4000, at=10.0)
     assert p.computed("w", 10.0) == 0
     assert p.computed("w", 11.5) == 1500
-    assert p.computed("w", 20.0) == 4000  # past its estimated end, not seen over: counted computed
+    assert p.computed("w", 12.0) == 2000  # the line trusted to one half
+    assert p.computed("w", 14.0) == 3000  # then what is left decays as 1 / (4x): a quarter at the line's end
+    assert p.computed("w", 18.0) == 3500  # an eighth at twice it: never finished before seen over
     assert p.computed("other", 11.5) == 0
+
+
+def test_of_prompts_past_the_line_the_one_sent_earlier_reads_less_left() -> None:
+    """The rate a prior 2.5x too fast: every cold prompt would read finished, a tie decided by chance; they stay
+    ranked by how long they have been on their worker."""
+    p = PrefillProgress(LinearEstimate(overhead_s=0.1, tokens_per_s=10_000.0))
+    for i, sent in enumerate((0.0, 0.1, 0.25, 0.3)):
+        p.sent(i, f"w{i}", 4077, at=sent)
+    computed = p.computed_all(0.75)
+    assert computed["w0"] > computed["w1"] > computed["w2"] > computed["w3"]
+    assert max(computed.values()) < 4077
 
 
 def test_prompts_on_one_worker_are_computed_one_after_another() -> None:
@@ -41,7 +54,7 @@ def test_prompts_on_one_worker_are_computed_one_after_another() -> None:
     p.sent("x", "w", 1000, at=0.0)
     p.sent("y", "w", 1000, at=0.2)  # waits for x (estimated over at 1.0)
     assert p.computed("w", 0.5) == 500
-    assert p.computed("w", 1.5) == 1000 + 500
+    assert p.computed("w", 1.5) == round(1000 * (1 - 0.25 / 1.5)) + 500
     p.sent("z", "v", 1000, at=0.2)  # another worker: starts when sent
     assert p.computed("v", 0.5) == 300
 
@@ -60,7 +73,8 @@ def test_a_prefill_seen_over_starts_the_next_from_then_and_is_observed() -> None
     p.over("x", at=2.0)  # slower than the line: y starts now, not at the estimated 1.0
     assert p.computed("w", 2.5, LINE) == 500
     assert p.line.observations == 1
-    assert p.computed("w", 2.5) == 250  # and the line learnt from it: 1,000 tokens in 2 s
+    assert p.line.estimate() == LinearEstimate(overhead_s=1.0, tokens_per_s=1000.0)  # one size: the overhead fits
+    assert p.computed("w", 2.5) == 0
     p.over("y", at=4.0)  # from x's end: 1000 tokens in 2 s
     assert p.computed_all(5.0) == {}
     assert len(p) == 0
@@ -106,7 +120,7 @@ def test_accounting_tells_its_watcher() -> None:
     accounting.finish(unstreamed)  # ended before any chunk: dropped, not observed
     assert p.line.observations == 1
     assert set(p.computed_all(now[0])) == {"v"}
-    assert p.computed("v", now[0], LINE) == 800
+    assert p.computed("v", now[0], LINE) == round(1000 * (1 - 0.25 / 0.8))
 
 
 def test_kv_cost_prices_what_is_left_of_a_queued_prompt() -> None:
@@ -141,13 +155,29 @@ def test_the_router_wires_it_when_enabled(enabled: bool) -> None:
     router.accounting.start(FlightKey.decode("x"), "a", prefill_tokens=4000)
     now[0] = 100.2
     router.accounting.start(FlightKey.decode("y"), "b", prefill_tokens=4000)
-    now[0] = 100.3  # prior line: 10,000 tokens/s after 20 ms: a has 2,800 computed, b 800
+    now[0] = 100.3  # prior line: 10,000 tokens/s after 20 ms: a 0.7 of its way by the line, b 0.2
     ctx = router.context(None, [a, b])
     if not enabled:
         assert router.progress is None and ctx.prefill_computed is None
         return
-    assert ctx.prefill_computed == {"a": 2800, "b": 800}
-    assert ctx.queued_prefill_tokens("a", 4000) == 1200
+    assert ctx.prefill_computed == {"a": round(4000 * (1 - 0.25 / 0.7)), "b": 800}
+    assert ctx.queued_prefill_tokens("a", 4000) == 4000 - round(4000 * (1 - 0.25 / 0.7))
     assert ctx.queued_prefill_tokens("c", 4000) == 4000  # nothing estimated there
     router.sync(WorkerPool.of([b]))  # a left: its prompts are forgotten
     assert set(router.context(None, [b]).prefill_computed or {}) == {"b"}
+
+
+def test_short_prefills_of_one_size_fit_the_overhead_not_the_rate() -> None:
+    """Cache hits: 60 uncached tokens each, over in one engine step of 100 ms. Read as a rate, that is 750 tokens/s
+    on a worker that prefills 10,000; they measure the step (the overhead), and the prior rate stands until prompts
+    of varied sizes pin the rate down."""
+    p = PrefillProgress(LinearEstimate(overhead_s=0.02, tokens_per_s=10_000.0))
+    for i in range(20):
+        p.sent(i, f"w{i % 4}", 60 + i % 2, at=float(i))
+        p.over(i, at=float(i) + 0.1)
+    line = p.line.estimate()
+    assert line.tokens_per_s == 10_000.0 and line.overhead_s == pytest.approx(0.094, abs=0.001)
+    for i in range(20, 30):  # then cold prompts of 4,000 tokens: 1 s each with the same step
+        p.sent(i, "w0", 4000, at=float(i))
+        p.over(i, at=float(i) + 0.1 + 4000 / 4400)
+    assert p.line.estimate().tokens_per_s == pytest.approx(4400, rel=0.05)
