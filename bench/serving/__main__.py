@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from bench.serving import arms as arms_mod
-from bench.serving import breakdown, cli, loadgen, probe_report, profiling, proxy, report, workloads
+from bench.serving import breakdown, cli, cold_placement, loadgen, probe_report, profiling, proxy, report, workloads
 from bench.serving.workers import (
     WorkerSet,
     engine_time_means_ms,
@@ -158,11 +158,13 @@ def run_arm(name: arms_mod.ArmName, schedule: workloads.Schedule, workers: Worke
     traces = source.since(mark)
     parts = breakdown.join(results, traces)
     print(breakdown.table(name, parts), flush=True)
+    placed = cold_placement.cold_placement(traces)
+    print(placed.line(), flush=True)
     if probing:
         print(probe_report.summary(name, probe_file, results, traces, (load_started, load_ended), threads_before,
                                    threads_after), flush=True)
         print(probe_report.machine_line(machine_before, machine_after, proxy_cpu, workers_cpu, client_cpu), flush=True)
-    return dataclasses.replace(row, ttft_parts_p50_ms=breakdown.medians(parts),
+    return dataclasses.replace(row, ttft_parts_p50_ms=breakdown.medians(parts), cold_placement=dataclasses.asdict(placed),
                                ttft_parts_mean_ms=breakdown.means(parts),
                                slowest=[dataclasses.asdict(b) for b in breakdown.slowest(parts)])
 

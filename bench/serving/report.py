@@ -44,6 +44,9 @@ class ArmFigures:
     """TTFT's mean and each part's (``breakdown.means``): the parts add up to TTFT's."""
     slowest: list[dict[str, object]] = field(default_factory=list)
     """The breakdowns of the slowest 2% of requests by TTFT (``breakdown.Breakdown``)."""
+    cold_placement: dict[str, object] = field(default_factory=dict)
+    """Cold prompts that arrived while every worker computed one, and how many went to the worker that finished
+    first (``cold_placement.ColdPlacement``)."""
     proxy_cpu_s: float = 0.0
     """CPU seconds (user + system, all threads) the proxy process(es) used while the arm's load ran."""
     workers_cpu_s: float = 0.0
