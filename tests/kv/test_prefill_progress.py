@@ -181,3 +181,16 @@ def test_short_prefills_of_one_size_fit_the_overhead_not_the_rate() -> None:
         p.sent(i, "w0", 4000, at=float(i))
         p.over(i, at=float(i) + 0.1 + 4000 / 4400)
     assert p.line.estimate().tokens_per_s == pytest.approx(4400, rel=0.05)
+
+
+def test_on_by_default_and_a_watcher_already_set_is_kept() -> None:
+    from litellm_disagg.routing.kv.settings import KVRoutingSettings
+
+    assert KVRoutingSettings().load.prefill_progress is True
+    router = KVRouter(KVRoutingSettings.model_validate({"enabled": True}))
+    assert router.progress is not None and router.accounting.prefill_watcher is router.progress
+    accounting = Accounting()
+    other = progress()
+    accounting.prefill_watcher = other  # e.g. a second router over one accounting: the first watcher stays
+    assert KVRouter(KVRoutingSettings.model_validate({"enabled": True}), accounting=accounting).progress is None
+    assert accounting.prefill_watcher is other

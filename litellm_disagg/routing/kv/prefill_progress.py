@@ -33,7 +33,7 @@ other proxy replicas' queued tokens (shared through Redis) count whole, as befor
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 
 from litellm_disagg.routing.kv.disagg_decision import LinearEstimate, OnlineLinearFit
 
@@ -99,32 +99,45 @@ class PrefillProgress:
         if not pending:
             return 0
         line = self.line.estimate() if line is None else line
-        overhead, rate = line.overhead_s, line.tokens_per_s
-        free_at = self._last_over.get(worker_id, float("-inf"))
-        computed = 0.0
-        for tokens, sent_at in pending.values():
-            began = sent_at if sent_at > free_at else free_at
-            start = began + overhead
-            if now <= start:
-                break
-            done = (now - start) * rate / tokens  # the line's fraction done
-            computed += tokens * (done if done <= 0.5 else 1.0 - 0.25 / done)
-            if done < 1.0:
-                break
-            free_at = start + tokens / rate
-        return round(computed)
+        free_at = self._last_over.get(worker_id, _NEVER)
+        return int(_computed(pending.values(), free_at, line.overhead_s, line.tokens_per_s, now) + 0.5)
 
     def computed_all(self, now: float) -> dict[str, int]:
-        """``computed`` of every worker with a prompt pending and some of it estimated computed (absent: 0)."""
+        """``computed`` of every worker with a prompt pending and some of it estimated computed (absent: 0). Runs
+        once per routing decision: one pass, the line estimated once."""
         if not self._pending:
             return {}
         line = self.line.estimate()
+        overhead, rate = line.overhead_s, line.tokens_per_s
+        last_over = self._last_over.get
         out: dict[str, int] = {}
-        for worker_id in self._pending:
-            done = self.computed(worker_id, now, line)
+        for worker_id, pending in self._pending.items():
+            done = int(_computed(pending.values(), last_over(worker_id, _NEVER), overhead, rate, now) + 0.5)
             if done > 0:
                 out[worker_id] = done
         return out
 
     def __len__(self) -> int:
         return len(self._worker_of)
+
+
+_NEVER = float("-inf")
+
+
+def _computed(
+    pending: Iterable[tuple[int, float]], free_at: float, overhead: float, rate: float, now: float
+) -> float:
+    """Tokens of ``pending`` (``(tokens, sent at)`` in the order sent) estimated computed by ``now`` on a worker free
+    from ``free_at``, on the line ``overhead + tokens / rate`` (the module's docstring)."""
+    computed = 0.0
+    for tokens, sent_at in pending:
+        began = sent_at if sent_at > free_at else free_at
+        start = began + overhead
+        if now <= start:
+            break
+        done = (now - start) * rate / tokens  # the line's fraction done
+        computed += tokens * (done if done <= 0.5 else 1.0 - 0.25 / done)
+        if done < 1.0:
+            break
+        free_at = start + tokens / rate
+    return computed

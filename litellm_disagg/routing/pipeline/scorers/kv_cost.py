@@ -95,10 +95,11 @@ class KVCostScorer:
         total_l: list[float] = []
         for worker, (active, used, _free, queued_tokens) in zip(candidates, figures, strict=True):
             size = worker.block_size
-            left = prompt_tokens - cached(worker.worker_id, 0)
+            wid = worker.worker_id
+            left = prompt_tokens - cached(wid, 0)
             uncached = -(-(left if left > 0 else 0) // size)  # max(0, left), ceil-divided
-            if computed:
-                queued_tokens -= computed.get(worker.worker_id, 0)
+            if queued_tokens and computed:
+                queued_tokens -= computed.get(wid, 0)
                 if queued_tokens < 0:
                     queued_tokens = 0
             queued = -(-queued_tokens // size)
