@@ -39,9 +39,12 @@ def test_an_idle_worker_leaves_nothing_contested_and_warm_prompts_do_not_count()
     assert cold_placement(warm).contested == 0
 
 
-def test_a_remote_prefills_decode_side_computes_nothing():
-    traces = [cold("p1", 0.0, 1.0, role="prefill"), cold("p2", 0.1, 1.1, role="prefill"),
-              cold("d1", 1.0, 1.1, role="decode"),  # pulled, not computed: not a worker that computes prompts
+def test_pools_are_compared_apart_and_a_pulled_prompt_is_not_computed():
+    pulled = cold("d1", 0.2, 1.3, role="decode")
+    pulled = RequestTrace(**{**pulled.__dict__, "external_tokens": 4000})  # its KV arrived: computed nothing
+    traces = [cold("p1", 0.0, 1.0, role="prefill"), cold("p2", 0.1, 1.1, role="prefill"), pulled,
               cold("p2", 0.5, 2.0, role="prefill")]  # at 0.5: p1 ends at 1.0, p2 at 1.1: 0.1 s beyond p1
     placed = cold_placement(traces)
     assert placed.contested == 1 and placed.best == 0 and placed.extra_s == pytest.approx(0.1)
+    # a local prefill on the decode pool: d1 is busy with nothing it computes, so nothing is contested there
+    assert cold_placement([*traces, cold("d1", 0.6, 1.7, role="decode")]).contested == 1

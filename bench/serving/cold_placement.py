@@ -9,8 +9,10 @@ end first; the request log says, in hindsight, when each did (its first token). 
     extra_s     the wait they had beyond that worker's, summed
 
 Pure: request traces in (``litellm_disagg.sim.request_log.RequestTrace``, the simulated workers' ``requests.jsonl``),
-figures out. The worker that computed a prompt is the one whose trace has it uncached: the aggregated worker, or a
-remote prefill's prefill worker (its decode worker pulls it and computes nothing).
+figures out. The worker that computed a prompt is the one whose trace has it neither cached nor pulled: the
+aggregated worker, a remote prefill's prefill worker, or a decode worker that prefilled it locally. Workers are
+compared within their pool (the traces' role): a remote prefill against the prefill pool, a local one against the
+decode pool.
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ def _computed(t: RequestTrace) -> int:
 
 
 def cold_placement(traces: Iterable[RequestTrace]) -> ColdPlacement:
-    computing = [t for t in traces if t.role != "decode" and t.first_token is not None]
-    first = {id(t): t.first_token or 0.0 for t in computing}
-    workers = {t.worker_id for t in computing}
-    cold = sorted((t for t in computing if _computed(t) >= COLD_TOKENS), key=lambda t: t.arrived)
+    done = [t for t in traces if t.first_token is not None]
+    first = {id(t): t.first_token or 0.0 for t in done}
+    pools: dict[str, set[str]] = defaultdict(set)
+    for t in done:
+        pools[t.role].add(t.worker_id)
+    cold = sorted((t for t in done if _computed(t) >= COLD_TOKENS), key=lambda t: t.arrived)
     by_worker: dict[str, list[RequestTrace]] = defaultdict(list)
     for t in cold:
         by_worker[t.worker_id].append(t)
@@ -58,7 +62,7 @@ def cold_placement(traces: Iterable[RequestTrace]) -> ColdPlacement:
     for c in cold:
         at = c.arrived
         ends: dict[str, float] = {}
-        for worker in workers:
+        for worker in pools[c.role]:
             busy = [first[id(o)] for o in by_worker[worker] if o is not c and o.arrived < at < first[id(o)]]
             if not busy:
                 break

@@ -50,7 +50,7 @@ from typing import Any, cast
 
 import httpx
 
-from bench.serving import breakdown, cli, loadgen, proxy, workloads
+from bench.serving import breakdown, cli, cold_placement, loadgen, proxy, workloads
 from bench.serving.arms import Arm, ArmName, Placement
 from bench.serving.engine_traces import SpanCollector
 from bench.serving.loadgen import RequestResult
@@ -381,6 +381,9 @@ class PDFigures:
     """TTFT's mean and each part's (``breakdown.means``): the parts add up to TTFT's."""
     slowest: list[dict[str, object]] = field(default_factory=list)
     """The breakdowns of the slowest 2% of requests by TTFT (``breakdown.Breakdown``)."""
+    cold_placement: dict[str, object] = field(default_factory=dict)
+    """Cold prompts that arrived while every worker of their pool computed one, and how many went to the one that
+    finished first (``cold_placement.ColdPlacement``)."""
     reuse: float | None = None
     """Prompt tokens served without being computed, each request counted once: 1 - the tokens any worker computed
     (``prompt_tokens_by_source{source="local_compute"}``) / the prompt tokens the decode pool served. ``hit_rate``
@@ -435,7 +438,9 @@ def run_arm(arm: str, run: int, schedule: Schedule, pools: Pools, args: argparse
     traces = source.since(mark)
     parts = breakdown.join(results, traces)
     print(breakdown.table(f"{row.arm} (run {run})", parts), flush=True)
-    return dataclasses.replace(row, ttft_parts_p50_ms=breakdown.medians(parts),
+    placed = cold_placement.cold_placement(traces)
+    print(placed.line(), flush=True)
+    return dataclasses.replace(row, ttft_parts_p50_ms=breakdown.medians(parts), cold_placement=dataclasses.asdict(placed),
                                ttft_parts_mean_ms=breakdown.means(parts),
                                slowest=[dataclasses.asdict(b) for b in breakdown.slowest(parts)])
 
