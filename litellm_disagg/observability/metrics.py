@@ -45,7 +45,7 @@ litellm_disagg_prefill_backlog_tokens                 histogram model, option   
                                                                                           (option: remote, the prefill worker's backlog;
                                                                                           local, the decode worker's own local prefills)
 litellm_disagg_cost_model_tokens_per_second           gauge     phase                     KV routing's fitted rate (phase: prefill, transfer,
-                                                                                          local, remote_tail)
+                                                                                          local, remote_tail; progress: prefill_progress.py)
 litellm_disagg_cost_model_overhead_seconds            gauge     phase                     KV routing's fitted fixed cost per call
 litellm_disagg_cost_model_decode_time_weight          gauge     source                    the stall charge's weight in use (source: fitted from
                                                                                           inter-token gaps, or prior)

@@ -146,6 +146,10 @@ class PoolMetrics:
                 continue
             m.COST_RATE.labels(phase).set(line.tokens_per_s)
             m.COST_OVERHEAD.labels(phase).set(line.overhead_s)
+        if kv.progress is not None:  # the line that estimates how far each worker is through its queued prompts
+            line = kv.progress.line.estimate()
+            m.COST_RATE.labels("progress").set(line.tokens_per_s)
+            m.COST_OVERHEAD.labels("progress").set(line.overhead_s)
         if estimates.decode_time_weight is not None:
             source = "fitted" if estimates.decode_time_weight_fitted else "prior"
             m.COST_STALL_WEIGHT.labels(source).set(estimates.decode_time_weight)

@@ -255,3 +255,23 @@ def test_the_backlogs_the_decision_priced_are_recorded_per_request():
     unpriced = RoutePlan(decode, (), "override", "override", decision_inputs=inputs)
     requests.routed("override-call", unpriced, Outcome(Mode.AGGREGATED, decode), started=1.0, selection_s=0.0)
     assert counts() == {"remote": before_n["remote"] + 1, "local": before_n["local"] + 1}
+
+
+def test_the_prefill_progress_line_is_a_cost_model_phase():
+    from litellm_disagg.routing.accounting import FlightKey
+    from litellm_disagg.routing.cooldown import FailureCooldown
+    from litellm_disagg.routing.kv.router import KVRouter
+    from litellm_disagg.routing.kv.settings import KVRoutingSettings
+
+    now = [0.0]
+    kv = KVRouter(KVRoutingSettings.model_validate({"enabled": True}), clock=lambda: now[0])
+    assert kv.progress is not None
+    for i, tokens in enumerate((500, 1000, 2000, 4000)):  # varied sizes: 5,000 tokens/s, 50 ms of overhead
+        key = FlightKey.decode(f"obs-progress-{i}")
+        now[0] = 10.0 * i
+        kv.accounting.start(key, "w", prefill_tokens=tokens)
+        now[0] += 0.05 + tokens / 5000
+        kv.accounting.prefill_done(key)
+    PoolMetrics().refresh(kv.accounting, FailureCooldown(), kv)
+    assert value("litellm_disagg_cost_model_tokens_per_second", phase="progress") == pytest.approx(5000, rel=0.01)
+    assert value("litellm_disagg_cost_model_overhead_seconds", phase="progress") == pytest.approx(0.05, abs=0.001)
