@@ -181,6 +181,7 @@ class DisaggController:
         if self.kv is not None:
             self.kv.decode_watch.ended(call_id)
             self.kv.prefill_seen.ended(call_id)
+            self.kv.sessions.ended(call_id)
         ended_on = self.accounting.finish(FlightKey.decode(call_id), worker_id)
         failed_worker = worker_id or ended_on
         if failed and failed_worker is not None and self.pool.get(failed_worker) is not None:

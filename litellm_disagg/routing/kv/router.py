@@ -41,7 +41,7 @@ from litellm_disagg.routing.kv.disagg_decision import DisaggDecider, DisaggDecis
 from litellm_disagg.routing.kv.event_applier import ApplierStats, EventApplier
 from litellm_disagg.routing.kv.event_subscriber import BadEndpoint, KVEventSubscriber
 from litellm_disagg.routing.kv.in_flight_prefix import usable_now
-from litellm_disagg.routing.kv.live_sessions import LiveSessions
+from litellm_disagg.routing.kv.live_sessions import LiveSessions, NextTurns
 from litellm_disagg.routing.kv.load_scraper import LoadScraper, TransferSample
 from litellm_disagg.routing.kv.prefill_progress import PrefillProgress
 from litellm_disagg.routing.kv.prefill_seen import PrefillSeen
@@ -238,11 +238,21 @@ class KVRouter:
             prompt_tokens=0 if prompt is None else prompt.num_tokens,
             cached_tokens=cached,
             loads=loads,
-            live_sessions=self.sessions.counts(),
+            live_sessions=self._live_sessions(prompt),
             figures=figures,
             prefill_computed=self.progress.computed_all(self._clock()) if self.progress is not None else None,
             replica=self.accounting.replica_slot,
         )
+
+    def _live_sessions(self, prompt: PromptBlocks | None) -> Mapping[str, float]:
+        """The ``live_sessions`` scorer's input (``decode.sessions.expect``): live sessions per worker, or the next
+        turns each is expected to get while this prompt's prefill would run there (its prefill time by the prefill
+        progress line, else the decision's prior prefill line)."""
+        if self.settings.decode.sessions.expect == "count":
+            return self.sessions.counts()
+        line = (self.progress.line.estimate() if self.progress is not None
+                else self.decider.prefill.prior)
+        return NextTurns(self.sessions, line.seconds(prompt.num_tokens if prompt is not None else 0))
 
     def decide(self, prompt: PromptBlocks | None, decode: Selection, prefill: Selection) -> DisaggDecision:
         """Remote prefill on ``prefill``'s choice, or local prefill on ``decode``'s choice."""
@@ -287,7 +297,7 @@ class KVRouter:
             self.prefill_seen.sent(call_id, plan.decode.worker_id, hashes[-1] if hashes else None, self.index.holds)
         self.routed(prompt, plan.decode)
         if prompt is not None and prompt.num_tokens:
-            self.sessions.routed(plan.decode.worker_id, prompt.hashes(plan.decode.block_size))
+            self.sessions.routed(plan.decode.worker_id, prompt.hashes(plan.decode.block_size), call_id=call_id)
         if prefill_worker_id is None or prompt is None:
             return
         prefill = next((p for p in plan.prefill_order if p.worker_id == prefill_worker_id), None)

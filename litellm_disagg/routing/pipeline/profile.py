@@ -62,6 +62,11 @@ class SessionSettings(_Strict):
     min_hit_fraction: Annotated[float, Field(gt=0, le=1)] = 0.1
     max_tracked: Annotated[int, Field(ge=1)] = 100_000
     """Bound on tracked prefixes (the oldest go first)."""
+    expect: Literal["count", "next_turns"] = "count"
+    """``count``: the live sessions each worker holds; ``next_turns``: the next turns each worker is expected to get
+    while this prompt would be computed there (its sessions whose last call ended, at the measured gaps between an
+    answer and the next turn: ``routing/kv/live_sessions.py``), so a new conversation's cold prompt avoids workers
+    whose conversations are about to come back."""
 
 
 class ProfileSettings(_Strict):

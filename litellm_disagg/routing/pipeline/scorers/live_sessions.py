@@ -31,8 +31,10 @@ class LiveSessionsScorer:
         cached = [get(w.worker_id, 0) for w in candidates]
         return (max(cached) - min(cached)) >= self.min_hit_fraction * ctx.prompt_tokens
 
+    # The cache hit is checked first: the next-turn expectation (``sessions.expect: next_turns``) is computed on
+    # first use, and only a request no worker has cached needs it.
     def score(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, float]:
-        if not ctx.live_sessions or self.has_cache_hit(ctx, candidates):
+        if self.has_cache_hit(ctx, candidates) or not ctx.live_sessions:
             return dict.fromkeys((w.worker_id for w in candidates), 1.0)
         live = ctx.live_sessions.get
         return relative({w.worker_id: float(live(w.worker_id, 0)) for w in candidates})
@@ -40,7 +42,7 @@ class LiveSessionsScorer:
     def values(
         self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig], figures: Sequence[Figures]
     ) -> list[float]:
-        if not ctx.live_sessions or self.has_cache_hit(ctx, candidates):
+        if self.has_cache_hit(ctx, candidates) or not ctx.live_sessions:
             return [1.0] * len(candidates)
         live = ctx.live_sessions.get
         return relative_values([float(live(w.worker_id, 0)) for w in candidates])

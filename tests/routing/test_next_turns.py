@@ -1,0 +1,103 @@
+"""Live sessions as next turns expected soon (``decode.sessions.expect: next_turns``): a conversation whose answer
+has just ended comes back within the measured gaps between an answer and the next turn; a new conversation's cold
+prompt avoids the workers about to get them."""
+
+from __future__ import annotations
+
+import random
+
+from litellm_disagg.routing.kv.block_hash import PromptBlocks
+from litellm_disagg.routing.kv.live_sessions import LiveSessions, NextTurns
+from litellm_disagg.routing.kv.router import KVRouter
+from litellm_disagg.routing.kv.settings import KVRoutingSettings
+from litellm_disagg.routing.pipeline.context import ScoringContext
+from litellm_disagg.routing.pipeline.pipeline import Pipeline
+from litellm_disagg.routing.pipeline.profile import SessionSettings, kv_decode_profile
+from litellm_disagg.routing.pipeline.scorers.live_sessions import LiveSessionsScorer
+from tests.kv.helpers import load, worker
+
+
+def conversation(sessions: LiveSessions, now: list[float], worker_id: str, sid: int, *, gap: float) -> None:
+    """One conversation of two turns on ``worker_id``: its first answer ends 1 s after it was sent, its second turn
+    comes ``gap`` later (one measured gap), and that turn is still running."""
+    sessions.routed(worker_id, [sid, sid + 1], call_id=f"{sid}-0")
+    now[0] += 1.0
+    sessions.ended(f"{sid}-0")
+    now[0] += gap
+    sessions.routed(worker_id, [sid, sid + 1, sid + 2], call_id=f"{sid}-1")
+
+
+def test_ended_calls_come_back_within_the_measured_gaps_and_running_ones_count_nothing() -> None:
+    now = [0.0]
+    sessions = LiveSessions(SessionSettings(), clock=lambda: now[0])
+    assert sessions.next_turns(1.0) == {}  # no gap measured: nothing expected anywhere
+    for i, gap in enumerate((0.5, 0.5, 0.6)):
+        conversation(sessions, now, "x", 100 * i, gap=gap)
+    assert sessions.next_turns(1.0) == {}  # every conversation is running its next turn
+    sessions.routed("a", [1000], call_id="a1")
+    sessions.routed("b", [2000], call_id="b1")
+    sessions.routed("c", [3000], call_id="c1")  # still running
+    sessions.ended("a1")
+    now[0] += 0.55
+    sessions.ended("b1")
+    now[0] += 0.2  # a ended 0.75 s ago (past every measured gap), b 0.2 s ago
+    assert sessions.next_turns(1.0) == {"b": 1.0}
+    assert sessions.next_turns(0.35) == {"b": 2 / 3}  # by 0.55 s after its end: two of the three gaps
+    assert sessions.next_turns(0.25) == {}  # by 0.45 s: none
+    now[0] += 0.35  # b ended 0.55 s ago: only the 0.6 s gap is still longer
+    assert sessions.next_turns(1.0) == {"b": 1.0}
+    sessions.routed("b", [2000, 2001], call_id="b2")  # it came back (a fourth gap, 0.55 s), running again
+    assert sessions.next_turns(1.0) == {}
+    sessions.ended("b2")
+    sessions.ended("b2")  # twice: nothing more
+    sessions.ended("unknown")
+    assert sessions.next_turns(1.0) == {"b": 1.0}
+    sessions.forget("b")
+    assert sessions.next_turns(1.0) == {}
+
+
+def test_single_questions_never_come_back_so_nothing_is_expected() -> None:
+    now = [0.0]
+    sessions = LiveSessions(SessionSettings(), clock=lambda: now[0])
+    for i in range(20):
+        sessions.routed(f"w{i % 4}", [i, 1000 + i], call_id=f"q{i}")
+        now[0] += 0.3
+        sessions.ended(f"q{i}")
+    assert sessions.next_turns(1.0) == {} and sessions.counts() == dict.fromkeys(("w0", "w1", "w2", "w3"), 5)
+
+
+def test_a_cold_prompt_avoids_the_worker_about_to_get_a_next_turn_and_a_cached_one_never_asks() -> None:
+    a, b = worker("a"), worker("b")
+    loads = {"a": load("a"), "b": load("b")}  # both idle: instantaneous load cannot tell them apart
+
+    class Counting(dict):
+        reads = 0
+
+        def __len__(self) -> int:
+            Counting.reads += 1
+            return super().__len__()
+
+    soon = Counting({"a": 1.0})
+    cold = ScoringContext(prompt_tokens=4000, cached_tokens={}, loads=loads, live_sessions=soon)
+    assert Pipeline(kv_decode_profile(), rng=random.Random(0)).select(cold, [a, b]).worker_id == "b"
+    assert LiveSessionsScorer(SessionSettings()).score(cold, [a, b]) == {"a": 0.5, "b": 1.0}
+    Counting.reads = 0
+    hit = ScoringContext(prompt_tokens=4000, cached_tokens={"a": 3000}, loads=loads, live_sessions=soon)
+    assert Pipeline(kv_decode_profile(), rng=random.Random(0)).select(hit, [a, b]).worker_id == "a"
+    assert Counting.reads == 0  # a cache hit decides: the expectation is never computed
+
+
+def test_the_router_hands_the_scorer_next_turns_when_asked() -> None:
+    now = [0.0]
+    profile = kv_decode_profile().model_dump(mode="json")
+    profile["sessions"]["expect"] = "next_turns"
+    router = KVRouter(KVRoutingSettings.model_validate({"enabled": True, "decode": profile}), clock=lambda: now[0])
+    counting = KVRouter(KVRoutingSettings.model_validate({"enabled": True}), clock=lambda: now[0])
+    assert not isinstance(counting.context(None, [worker("a")]).live_sessions, NextTurns)
+    router.sessions._clock = lambda: now[0]  # type: ignore[attr-defined]
+    conversation(router.sessions, now, "x", 1, gap=0.5)
+    router.sessions.routed("a", [50], call_id="a1")
+    router.sessions.ended("a1")
+    now[0] += 0.1
+    ctx = router.context(PromptBlocks(list(range(4000))), [worker("a"), worker("b")])
+    assert isinstance(ctx.live_sessions, NextTurns) and dict(ctx.live_sessions) == {"a": 1.0}
