@@ -97,3 +97,23 @@ async def test_an_sglang_decode_worker_never_serves_aggregated():
     both = sglang("b", "both")  # SGLang's mode null: an aggregated server
     outcome = await orch.run(REQ, RoutePlan(both, (), "short prompt", "x"))
     assert outcome.mode is Mode.AGGREGATED and outcome.decode_fields == {}
+
+
+async def test_a_background_prefills_answer_marks_its_prompt_computed():
+    """The concurrent path also tells ``PrefillProgress`` when its prefill answered (``prefill_done`` before the
+    flight ends), so the line is fitted from SGLang prefills too; a failed one is dropped, not observed."""
+    from litellm_disagg.routing.kv.block_hash import PromptBlocks
+    from litellm_disagg.routing.kv.disagg_decision import LinearEstimate
+    from litellm_disagg.routing.kv.prefill_progress import PrefillProgress
+
+    workers = Workers({"p1": 200})
+    orch, accounting, _ = orchestrator(workers)
+    progress = PrefillProgress(LinearEstimate(0.0, 1000.0))
+    accounting.prefill_watcher = progress
+    plan = RoutePlan(DECODE, (sglang("p1", "prefill"),), None, "test", prompt=PromptBlocks(list(range(64))))
+    await orch.run(REQ, plan)
+    await asyncio.sleep(0.01)
+    assert len(progress) == 1 and progress.line.observations == 0  # sent, still computing
+    workers.gate.set()
+    await settle(orch)
+    assert progress.line.observations == 1 and len(progress) == 0 and len(accounting) == 0
