@@ -36,6 +36,7 @@ from litellm_disagg.planner.profiler import (
     ProfileTarget,
     StreamedAnswer,
     Words,
+    sized_prompt,
     streamed,
     tokens_per_word,
 )
@@ -131,20 +132,21 @@ async def check_mixing(client: httpx.AsyncClient, target: ProfileTarget, model: 
     """Serve ``load`` on the worker and compare its ITL with the profile's estimate (the module docstring)."""
     words = Words(None)
     per_word = await tokens_per_word(client, target, model, words)
-    n_words = max(1, round(load.prompt_tokens / per_word))
-    loop = asyncio.get_running_loop()
-    start = loop.time()
-
-    async def one(at: float) -> StreamedAnswer:
-        await asyncio.sleep(max(0.0, start + at - loop.time()))
-        body = {"model": model, "prompt": words.text(n_words), "max_tokens": load.output_tokens, "ignore_eos": True,
-                "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
-        return await streamed(client, target, body)
-
     times = arrival_times(load)
     if not times:
         raise ProfileError(f"no arrival in {load.seconds} s at {load.requests_per_s} requests/s")
-    answers = list(await asyncio.gather(*(one(t) for t in times)))
+    # every prompt sized before the clock starts (the sizing asks the worker's /tokenize)
+    prompts = [await sized_prompt(client, target, model, words, load.prompt_tokens, per_word) for _ in times]
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+
+    async def one(at: float, prompt: str) -> StreamedAnswer:
+        await asyncio.sleep(max(0.0, start + at - loop.time()))
+        body = {"model": model, "prompt": prompt, "max_tokens": load.output_tokens, "ignore_eos": True,
+                "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+        return await streamed(client, target, body)
+
+    answers = list(await asyncio.gather(*(one(t, p) for t, p in zip(times, prompts, strict=True))))
     return summarize(load, answers, profile, quantile=quantile, margin=margin)
 
 

@@ -114,8 +114,11 @@ class Words:
         self._rng = random.Random(seed)
 
     def text(self, words: int) -> str:
+        return " ".join(self.words(words))
+
+    def words(self, count: int) -> list[str]:
         letters = "abcdefghijklmnopqrstuvwxyz"
-        return " ".join("".join(self._rng.choices(letters, k=self._rng.randint(3, 8))) for _ in range(words))
+        return ["".join(self._rng.choices(letters, k=self._rng.randint(3, 8))) for _ in range(count)]
 
 
 async def _complete(client: httpx.AsyncClient, target: ProfileTarget, body: dict[str, Any]) -> dict[str, Any]:
@@ -199,10 +202,9 @@ async def measure_prefill(client: httpx.AsyncClient, target: ProfileTarget, serv
         times: list[float] = []
         counted: list[int] = []
         for _ in range(plan.repeats):
-            n_words = max(1, int(length / per_word))
-            if limit is not None:
-                n_words = min(n_words, max(1, int(limit / per_word * 0.95)))
-            body = {"model": served.name, "prompt": words.text(n_words), "max_tokens": 1, "temperature": 0}
+            want = length if limit is None else min(length, int(limit * 0.95))
+            prompt = await sized_prompt(client, target, served.name, words, max(1, want), per_word)
+            body = {"model": served.name, "prompt": prompt, "max_tokens": 1, "temperature": 0}
             start = time.perf_counter()
             answer = await _complete(client, target, body)
             times.append(time.perf_counter() - start)
@@ -215,6 +217,48 @@ async def tokens_per_word(client: httpx.AsyncClient, target: ProfileTarget, mode
     """How many tokens a random word makes with the worker's tokenizer (the engine counts them: usage)."""
     probe = await _complete(client, target, {"model": model, "prompt": words.text(200), "max_tokens": 1})
     return max(0.1, probe["usage"]["prompt_tokens"] / 200)
+
+
+async def count_tokens(client: httpx.AsyncClient, target: ProfileTarget, model: str, text: str) -> int | None:
+    """The prompt's tokens as the worker counts them (``POST /tokenize``, vLLM's API, beside ``/v1``); None where the
+    worker has no such endpoint or it fails."""
+    try:
+        r = await client.post(f"{target.base_url.removesuffix('/v1')}/tokenize", json={"model": model, "prompt": text},
+                              headers=target.headers)
+    except httpx.HTTPError:
+        return None
+    if r.status_code >= 400:
+        return None
+    try:
+        count = r.json().get("count")
+    except ValueError:
+        return None
+    return count if isinstance(count, int) and count > 0 else None
+
+
+async def sized_prompt(client: httpx.AsyncClient, target: ProfileTarget, model: str, words: Words, tokens: int,
+                       per_word: float) -> str:
+    """Random words that make about ``tokens`` tokens. Sized first from the calibrated tokens per word (a 40-word
+    prompt's own words can stray a quarter from a 200-word average: a CI run asked for 128 and got 99), then, where
+    the worker answers ``/tokenize``, the word count rescaled on what these words count (at least a word each time),
+    at most four times, over prefixes of one list of words (a longer prefix never counts fewer tokens); the closest
+    prefix counted wins."""
+    first = max(1, int(tokens / per_word))
+    pool = words.words(2 * first + 8)
+    take, best, best_miss = first, first, None
+    for _ in range(4):
+        counted = await count_tokens(client, target, model, " ".join(pool[:take]))
+        if counted is None:
+            break
+        miss = abs(counted - tokens)
+        if best_miss is None or miss < best_miss:
+            best, best_miss = take, miss
+        if miss <= max(2, tokens // 50):
+            break
+        scaled = round(take * tokens / counted)
+        step = scaled - take if scaled != take else (1 if counted < tokens else -1)
+        take = max(1, min(len(pool), take + step))
+    return " ".join(pool[:best])
 
 
 def default_prompt_tokens(max_model_len: int | None) -> tuple[int, ...]:

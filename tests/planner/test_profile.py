@@ -315,3 +315,42 @@ def test_a_mixing_check_the_profile_says_would_not_keep_up_is_plain_json():
     full = summarize(MixedLoad(requests_per_s=4.0, seconds=1.0), [StreamedAnswer(50.0, 10, 500)] * 4, tiny_budget)
     assert full.estimate.itl_ms is None and full.correction == 1.0
     assert json.loads(json.dumps(full.as_json(), allow_nan=False))["estimated_prefill_busy"] is None
+
+
+def _word_tokens(text: str) -> int:
+    """A tokenizer double whose tokens per word vary a lot from word to word (1 to 6, by length): a short prompt's
+    own words stray far from the 200-word average the calibration measures."""
+    return 1 + sum(len(word) - 2 for word in text.split())
+
+
+def _tokenizing_worker(*, tokenize: bool) -> httpx.AsyncClient:
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path == "/tokenize":
+            if not tokenize:
+                return httpx.Response(404, json={"detail": "Not Found"})
+            return httpx.Response(200, json={"count": _word_tokens(body["prompt"]), "tokens": []})
+        assert request.url.path == "/v1/completions"
+        return httpx.Response(200, json={"usage": {"prompt_tokens": _word_tokens(body["prompt"])}})
+
+    return httpx.AsyncClient(transport=httpx.MockTransport(handle))
+
+
+@pytest.mark.parametrize("tokens", [48, 128, 700])
+async def test_a_prompt_is_sized_on_its_own_words_where_the_worker_counts_them(tokens):
+    """The CI flake this fixes: ``profile --prompt-tokens 128`` on real vLLM got a 99-token prompt, sized from a
+    words-per-token average that a 40-word prompt's own words strayed from. With ``/tokenize`` every prompt lands
+    within 2% (or one word: up to 6 tokens here); without it the calibrated size is used as before (and strays)."""
+    from litellm_disagg.planner.profiler import Words, sized_prompt, tokens_per_word
+
+    target = ProfileTarget.of("http://worker")
+    async with _tokenizing_worker(tokenize=True) as client:
+        words = Words(7)
+        per_word = await tokens_per_word(client, target, "m", words)
+        counts = [_word_tokens(await sized_prompt(client, target, "m", words, tokens, per_word)) for _ in range(40)]
+    assert all(abs(c - tokens) <= max(6, tokens // 50) for c in counts), counts
+    async with _tokenizing_worker(tokenize=False) as client:
+        words = Words(7)
+        per_word = await tokens_per_word(client, target, "m", words)
+        blind = [_word_tokens(await sized_prompt(client, target, "m", words, tokens, per_word)) for _ in range(40)]
+    assert max(abs(c - tokens) for c in blind) > max(6, tokens // 50)  # the calibration alone strays
