@@ -13,6 +13,7 @@ from litellm_disagg.routing.kv.settings import KVRoutingSettings
 from litellm_disagg.routing.pipeline.context import ScoringContext
 from litellm_disagg.routing.pipeline.pipeline import Pipeline
 from litellm_disagg.routing.pipeline.profile import SessionSettings, kv_decode_profile
+from litellm_disagg.routing.pipeline.scorers.base import relative_values
 from litellm_disagg.routing.pipeline.scorers.live_sessions import LiveSessionsScorer
 from tests.kv.helpers import load, worker
 
@@ -78,11 +79,11 @@ def test_a_cold_prompt_avoids_the_worker_about_to_get_a_next_turn_and_a_cached_o
             return super().__len__()
 
     soon = Counting({"a": 1.0})
-    cold = ScoringContext(prompt_tokens=4000, cached_tokens={}, loads=loads, live_sessions=soon)
+    cold = ScoringContext(prompt_tokens=4000, cached_tokens={}, loads=loads, next_turns=soon)
     assert Pipeline(kv_decode_profile(), rng=random.Random(0)).select(cold, [a, b]).worker_id == "b"
     assert LiveSessionsScorer(SessionSettings()).score(cold, [a, b]) == {"a": 0.5, "b": 1.0}
     Counting.reads = 0
-    hit = ScoringContext(prompt_tokens=4000, cached_tokens={"a": 3000}, loads=loads, live_sessions=soon)
+    hit = ScoringContext(prompt_tokens=4000, cached_tokens={"a": 3000}, loads=loads, next_turns=soon)
     assert Pipeline(kv_decode_profile(), rng=random.Random(0)).select(hit, [a, b]).worker_id == "a"
     assert Counting.reads == 0  # a cache hit decides: the expectation is never computed
 
@@ -93,11 +94,34 @@ def test_the_router_hands_the_scorer_next_turns_when_asked() -> None:
     profile["sessions"]["expect"] = "next_turns"
     router = KVRouter(KVRoutingSettings.model_validate({"enabled": True, "decode": profile}), clock=lambda: now[0])
     counting = KVRouter(KVRoutingSettings.model_validate({"enabled": True}), clock=lambda: now[0])
-    assert not isinstance(counting.context(None, [worker("a")]).live_sessions, NextTurns)
+    assert counting.context(None, [worker("a")]).next_turns is None
     router.sessions._clock = lambda: now[0]  # type: ignore[attr-defined]
     conversation(router.sessions, now, "x", 1, gap=0.5)
     router.sessions.routed("a", [50], call_id="a1")
     router.sessions.ended("a1")
     now[0] += 0.1
     ctx = router.context(PromptBlocks(list(range(4000))), [worker("a"), worker("b")])
-    assert isinstance(ctx.live_sessions, NextTurns) and dict(ctx.live_sessions) == {"a": 1.0}
+    assert isinstance(ctx.next_turns, NextTurns) and dict(ctx.next_turns) == {"a": 1.0}
+    assert ctx.live_sessions == {"x": 1, "a": 1}  # the count rides along: the bound
+
+
+def test_the_count_bounds_the_order_by_next_turns() -> None:
+    """``count_bound``: ordered by next turns soon, yet a worker holding more than the candidates' mean + 1 live
+    conversations is passed over for a new one (the cost seen without the bound: workers whose conversations were all
+    generating took 7 while others held 4, and decoded bigger batches). Within the bound, next turns decide."""
+    ws = [worker(n) for n in "abcd"]
+    loads = {w.worker_id: load(w.worker_id) for w in ws}
+    counts = {"a": 7, "b": 5, "c": 4, "d": 4}  # mean 5: a is over mean + 1
+    soon = {"b": 0.2, "c": 0.9, "d": 0.6}  # a's conversations are all generating: none expected soon
+    ctx = ScoringContext(prompt_tokens=4000, cached_tokens={}, loads=loads, live_sessions=counts, next_turns=soon)
+    scorer = LiveSessionsScorer(SessionSettings(expect="next_turns"))
+    costs = scorer.costs(ctx, ws)
+    assert costs is not None and costs[0] > max(costs[1:])  # a last, by its excess over the bound
+    assert costs[1:] == [0.2, 0.9, 0.6]  # the rest by next turns soon
+    assert Pipeline(kv_decode_profile(), rng=random.Random(0)).select(ctx, ws).worker_id == "b"
+    assert scorer.values(ctx, ws, []) == list(relative_values(costs))
+    unbounded = LiveSessionsScorer(SessionSettings(expect="next_turns", count_bound=None))
+    assert unbounded.costs(ctx, ws) == [0.0, 0.2, 0.9, 0.6]  # without the bound a takes it
+    # nothing expected anywhere (no gap measured: single questions): neutral, whatever the counts
+    quiet = ScoringContext(prompt_tokens=4000, cached_tokens={}, loads=loads, live_sessions=counts, next_turns={})
+    assert scorer.costs(quiet, ws) is None and set(scorer.score(quiet, ws).values()) == {1.0}

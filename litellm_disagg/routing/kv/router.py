@@ -238,18 +238,19 @@ class KVRouter:
             prompt_tokens=0 if prompt is None else prompt.num_tokens,
             cached_tokens=cached,
             loads=loads,
-            live_sessions=self._live_sessions(prompt),
+            live_sessions=self.sessions.counts(),
+            next_turns=self._next_turns(prompt),
             figures=figures,
             prefill_computed=self.progress.computed_all(self._clock()) if self.progress is not None else None,
             replica=self.accounting.replica_slot,
         )
 
-    def _live_sessions(self, prompt: PromptBlocks | None) -> Mapping[str, float]:
-        """The ``live_sessions`` scorer's input (``decode.sessions.expect``): live sessions per worker, or the next
-        turns each is expected to get while this prompt's prefill would run there (its prefill time by the prefill
-        progress line, else the decision's prior prefill line)."""
+    def _next_turns(self, prompt: PromptBlocks | None) -> Mapping[str, float] | None:
+        """With ``decode.sessions.expect: next_turns``: the next turns each worker is expected to get while this
+        prompt's prefill would run there (its prefill time by the prefill progress line, else the decision's prior
+        prefill line), computed on first read. None with ``count``."""
         if self.settings.decode.sessions.expect == "count":
-            return self.sessions.counts()
+            return None
         line = (self.progress.line.estimate() if self.progress is not None
                 else self.decider.prefill.prior)
         return NextTurns(self.sessions, line.seconds(prompt.num_tokens if prompt is not None else 0))

@@ -98,9 +98,10 @@ class ScoringContext:
     """Per worker: leading prompt tokens its prefix cache can serve (``usable_cached_tokens``); absent means 0."""
     loads: Mapping[str, WorkerLoad]
     live_sessions: Mapping[str, float] = field(default_factory=dict)
-    """Per worker: prefixes it served within the sessions window that were not continued elsewhere, or (with
-    ``sessions.expect: next_turns``) the next turns it is expected to get while this prompt would be computed there
-    (absent: 0)."""
+    """Per worker: prefixes it served within the sessions window that were not continued elsewhere (absent: 0)."""
+    next_turns: Mapping[str, float] | None = None
+    """With ``sessions.expect: next_turns``: per worker, the next turns it is expected to get while this prompt would
+    be computed there (absent: 0; computed on first read). None: not asked for."""
     figures: Mapping[str, Figures] | None = field(default=None, compare=False, repr=False)
     """Per worker in ``loads`` (some or all): ``figures(loads[worker_id])``, precomputed (``LoadCache``). None:
     computed from ``loads`` when asked."""

@@ -67,6 +67,10 @@ class SessionSettings(_Strict):
     while this prompt would be computed there (its sessions whose last call ended, at the measured gaps between an
     answer and the next turn: ``routing/kv/live_sessions.py``), so a new conversation's cold prompt avoids workers
     whose conversations are about to come back."""
+    count_bound: NonNegative | None = 1.0
+    """With ``next_turns``: a candidate holding more than the candidates' mean + ``count_bound`` live sessions is
+    passed over for a new conversation (scored below every candidate within the bound), so the order by next turns
+    soon cannot pile conversations onto workers whose own happen to be generating. None: no bound."""
 
 
 class ProfileSettings(_Strict):

@@ -6,6 +6,12 @@ with its next turn (and be routed there by its cache). For a request without a c
 ``(fewest + 1) / (live + 1)`` over the candidates' live sessions (``ScoringContext.live_sessions``), so new
 conversations spread by how many each worker is serving, as an oracle that balances conversations would. With a
 cache hit it is neutral (1 everywhere): the cache and the load decide.
+
+With ``sessions.expect: next_turns`` the order is by the next turns each candidate is expected to get while the new
+prompt would be computed there (``ScoringContext.next_turns``), so a cold prompt keeps off workers whose
+conversations were just answered; the count stays as a bound: a candidate holding more than the candidates' mean +
+``count_bound`` sessions scores below every candidate within it (by how far over). No next turn expected anywhere (no
+gap between turns measured yet: single questions) is neutral.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ class LiveSessionsScorer:
 
     def __init__(self, settings: SessionSettings):
         self.min_hit_fraction = settings.min_hit_fraction
+        self.count_bound = settings.count_bound
 
     def has_cache_hit(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> bool:
         if ctx.prompt_tokens <= 0 or not ctx.cached_tokens:
@@ -31,18 +38,39 @@ class LiveSessionsScorer:
         cached = [get(w.worker_id, 0) for w in candidates]
         return (max(cached) - min(cached)) >= self.min_hit_fraction * ctx.prompt_tokens
 
-    # The cache hit is checked first: the next-turn expectation (``sessions.expect: next_turns``) is computed on
-    # first use, and only a request no worker has cached needs it.
-    def score(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, float]:
-        if self.has_cache_hit(ctx, candidates) or not ctx.live_sessions:
-            return dict.fromkeys((w.worker_id for w in candidates), 1.0)
+    def costs(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> list[float] | None:
+        """Per candidate, in order: what ``relative`` ranks (fewer is better); None: neutral. The cache hit is checked
+        first: the next-turn expectation is computed on first read, and only a request no worker has cached needs
+        it."""
+        if self.has_cache_hit(ctx, candidates):
+            return None
+        soon = ctx.next_turns
+        if soon is None:
+            if not ctx.live_sessions:
+                return None
+            live = ctx.live_sessions.get
+            return [float(live(w.worker_id, 0)) for w in candidates]
+        if not soon:
+            return None
+        expected = soon.get
+        order = [expected(w.worker_id, 0.0) for w in candidates]
+        if self.count_bound is None or not ctx.live_sessions:
+            return order
         live = ctx.live_sessions.get
-        return relative({w.worker_id: float(live(w.worker_id, 0)) for w in candidates})
+        counts = [float(live(w.worker_id, 0)) for w in candidates]
+        bound = sum(counts) / len(counts) + self.count_bound
+        within = [e for e, c in zip(order, counts, strict=True) if c <= bound]
+        worst = max(within, default=0.0) + 1.0
+        return [e if c <= bound else worst + c - bound for e, c in zip(order, counts, strict=True)]
+
+    def score(self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig]) -> dict[str, float]:
+        costs = self.costs(ctx, candidates)
+        if costs is None:
+            return dict.fromkeys((w.worker_id for w in candidates), 1.0)
+        return relative({w.worker_id: c for w, c in zip(candidates, costs, strict=True)})
 
     def values(
         self, ctx: ScoringContext, candidates: Sequence[RuntimeConfig], figures: Sequence[Figures]
     ) -> list[float]:
-        if self.has_cache_hit(ctx, candidates) or not ctx.live_sessions:
-            return [1.0] * len(candidates)
-        live = ctx.live_sessions.get
-        return relative_values([float(live(w.worker_id, 0)) for w in candidates])
+        costs = self.costs(ctx, candidates)
+        return [1.0] * len(candidates) if costs is None else relative_values(costs)
