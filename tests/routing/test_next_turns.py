@@ -93,7 +93,9 @@ def test_the_router_hands_the_scorer_next_turns_when_asked() -> None:
     profile = kv_decode_profile().model_dump(mode="json")
     profile["sessions"]["expect"] = "next_turns"
     router = KVRouter(KVRoutingSettings.model_validate({"enabled": True, "decode": profile}), clock=lambda: now[0])
-    counting = KVRouter(KVRoutingSettings.model_validate({"enabled": True}), clock=lambda: now[0])
+    counted = kv_decode_profile().model_dump(mode="json")
+    counted["sessions"]["expect"] = "count"
+    counting = KVRouter(KVRoutingSettings.model_validate({"enabled": True, "decode": counted}), clock=lambda: now[0])
     assert counting.context(None, [worker("a")]).next_turns is None
     router.sessions._clock = lambda: now[0]  # type: ignore[attr-defined]
     conversation(router.sessions, now, "x", 1, gap=0.5)
@@ -106,22 +108,25 @@ def test_the_router_hands_the_scorer_next_turns_when_asked() -> None:
 
 
 def test_the_count_bounds_the_order_by_next_turns() -> None:
-    """``count_bound``: ordered by next turns soon, yet a worker holding more than the candidates' mean + 1 live
+    """``count_bound``: ordered by next turns soon, yet a worker holding more than the candidates' mean + bound live
     conversations is passed over for a new one (the cost seen without the bound: workers whose conversations were all
     generating took 7 while others held 4, and decoded bigger batches). Within the bound, next turns decide."""
     ws = [worker(n) for n in "abcd"]
     loads = {w.worker_id: load(w.worker_id) for w in ws}
-    counts = {"a": 7, "b": 5, "c": 4, "d": 4}  # mean 5: a is over mean + 1
+    counts = {"a": 7, "b": 6, "c": 4, "d": 3}  # mean 5
     soon = {"b": 0.2, "c": 0.9, "d": 0.6}  # a's conversations are all generating: none expected soon
     ctx = ScoringContext(prompt_tokens=4000, cached_tokens={}, loads=loads, live_sessions=counts, next_turns=soon)
-    scorer = LiveSessionsScorer(SessionSettings(expect="next_turns"))
-    costs = scorer.costs(ctx, ws)
-    assert costs is not None and costs[0] > max(costs[1:])  # a last, by its excess over the bound
+    loose = LiveSessionsScorer(SessionSettings(expect="next_turns", count_bound=1.0))
+    costs = loose.costs(ctx, ws)
+    assert costs is not None and costs[0] > max(costs[1:])  # a (over mean + 1) last, by its excess over the bound
     assert costs[1:] == [0.2, 0.9, 0.6]  # the rest by next turns soon
-    assert Pipeline(kv_decode_profile(), rng=random.Random(0)).select(ctx, ws).worker_id == "b"
-    assert scorer.values(ctx, ws, []) == list(relative_values(costs))
+    assert loose.values(ctx, ws, []) == list(relative_values(costs))
+    assert max(loose.score(ctx, ws).items(), key=lambda kv: kv[1])[0] == "b"
+    # the default bound, 0: at most the mean; b (6) is passed over too, and d, expected the fewest next turns, wins
+    assert LiveSessionsScorer(SessionSettings()).costs(ctx, ws)[2:] == [0.9, 0.6]
+    assert Pipeline(kv_decode_profile(), rng=random.Random(0)).select(ctx, ws).worker_id == "d"
     unbounded = LiveSessionsScorer(SessionSettings(expect="next_turns", count_bound=None))
     assert unbounded.costs(ctx, ws) == [0.0, 0.2, 0.9, 0.6]  # without the bound a takes it
     # nothing expected anywhere (no gap measured: single questions): neutral, whatever the counts
     quiet = ScoringContext(prompt_tokens=4000, cached_tokens={}, loads=loads, live_sessions=counts, next_turns={})
-    assert scorer.costs(quiet, ws) is None and set(scorer.score(quiet, ws).values()) == {1.0}
+    assert loose.costs(quiet, ws) is None and set(loose.score(quiet, ws).values()) == {1.0}

@@ -62,15 +62,16 @@ class SessionSettings(_Strict):
     min_hit_fraction: Annotated[float, Field(gt=0, le=1)] = 0.1
     max_tracked: Annotated[int, Field(ge=1)] = 100_000
     """Bound on tracked prefixes (the oldest go first)."""
-    expect: Literal["count", "next_turns"] = "count"
+    expect: Literal["count", "next_turns"] = "next_turns"
     """``count``: the live sessions each worker holds; ``next_turns``: the next turns each worker is expected to get
     while this prompt would be computed there (its sessions whose last call ended, at the measured gaps between an
     answer and the next turn: ``routing/kv/live_sessions.py``), so a new conversation's cold prompt avoids workers
-    whose conversations are about to come back."""
-    count_bound: NonNegative | None = 1.0
+    whose conversations are about to come back; the count stays as a bound (``count_bound``)."""
+    count_bound: NonNegative | None = 0.0
     """With ``next_turns``: a candidate holding more than the candidates' mean + ``count_bound`` live sessions is
     passed over for a new conversation (scored below every candidate within the bound), so the order by next turns
-    soon cannot pile conversations onto workers whose own happen to be generating. None: no bound."""
+    soon cannot pile conversations onto workers whose own happen to be generating (0: conversations stay as even as
+    with ``count``; next turns order the workers at or below the mean). None: no bound."""
 
 
 class ProfileSettings(_Strict):
