@@ -127,6 +127,12 @@ def test_the_count_bounds_the_order_by_next_turns() -> None:
     assert Pipeline(kv_decode_profile(), rng=random.Random(0)).select(ctx, ws).worker_id == "d"
     unbounded = LiveSessionsScorer(SessionSettings(expect="next_turns", count_bound=None))
     assert unbounded.costs(ctx, ws) == [0.0, 0.2, 0.9, 0.6]  # without the bound a takes it
-    # nothing expected anywhere (no gap measured: single questions): neutral, whatever the counts
+    # nothing expected anywhere (no gap measured, or none answered lately): the bound alone; without it, neutral.
+    # On real workers (0.5 s between turns) most decisions see no next turn: without the bound there, 6 / 3 / 3
     quiet = ScoringContext(prompt_tokens=4000, cached_tokens={}, loads=loads, live_sessions=counts, next_turns={})
-    assert loose.costs(quiet, ws) is None and set(loose.score(quiet, ws).values()) == {1.0}
+    held = LiveSessionsScorer(SessionSettings()).costs(quiet, ws)
+    assert held is not None and held[2:] == [0.0, 0.0] and min(held[:2]) > 0  # a and b (over the mean) last
+    assert unbounded.costs(quiet, ws) is None and set(unbounded.score(quiet, ws).values()) == {1.0}
+    even = ScoringContext(prompt_tokens=4000, cached_tokens={}, loads=loads, live_sessions=dict.fromkeys("abcd", 2),
+                          next_turns={})
+    assert LiveSessionsScorer(SessionSettings()).costs(even, ws) is None  # all alike: neutral
